@@ -37,6 +37,9 @@ class Side:
     #: ``kscale`` (a power of two), or None to use ``x``. ``x`` holds exactly the same points.
     xk: torch.Tensor | None = None
     kscale: float = 1.0
+    #: Some weights are zero. Such points carry no mass, so the iteration never corrects
+    #: their potentials; the solver sets them from the final soft-min (solvers/loop.py).
+    has_null: bool = False
 
     @property
     def n(self) -> int:
@@ -173,7 +176,8 @@ def prepare(
     if check_finite:
         checks += [~torch.isfinite(X).all(), ~torch.isfinite(Y).all()]
     ma, mb = wa.sum(-1), wb.sum(-1)
-    flags = torch.stack(checks).tolist()
+    # Zero-weight points are flagged in the same synchronisation (see Side.has_null).
+    *flags, null_a, null_b = torch.stack(checks + [(wa == 0).any(), (wb == 0).any()]).tolist()
     names = ["a", "b", "a", "b", "x", "y"]
     msgs = (
         ["must be non-negative"] * 2 + ["must be finite"] * 2 + ["must not contain NaN or inf"] * 2
@@ -219,6 +223,6 @@ def prepare(
         Xc, Yc = Xc.to(X.dtype), Yc.to(X.dtype)
         sqx = Xc.to(pdtype).pow(2).sum(-1)
         sqy = Yc.to(pdtype).pow(2).sum(-1)
-    side_x = Side(Xc.contiguous(), sqx.contiguous(), wa, wa.log(), rho_x, Xk, kscale)
-    side_y = Side(Yc.contiguous(), sqy.contiguous(), wb, wb.log(), rho_y, Yk, kscale)
+    side_x = Side(Xc.contiguous(), sqx.contiguous(), wa, wa.log(), rho_x, Xk, kscale, null_a)
+    side_y = Side(Yc.contiguous(), sqy.contiguous(), wb, wb.log(), rho_y, Yk, kscale, null_b)
     return Problem(side_x, side_y, batched, precision, centre)

@@ -237,3 +237,29 @@ def test_inference_mode():
     with torch.inference_mode():
         res = fs.sinkhorn(x, y, eps=0.1)
     assert torch.isfinite(res.value)
+
+
+@pytest.mark.parametrize("schedule", ["symmetric", "alternating"])
+@pytest.mark.parametrize("tol", [1e-9, None])
+@pytest.mark.parametrize("rho", [None, 0.5])
+def test_zero_weight_potentials_match_final_softmin(schedule, tol, rho):
+    # Zero-weight points feed no update, so nothing in the loop corrects their potentials:
+    # the returned f there must still be the (damped) soft-min of the returned g.
+    x, y = _cloud(13, 3, 40), _cloud(11, 3, 41)
+    a = _weights(13, 42)
+    a[[2, 7]] = 0.0
+    a = a / a.sum()
+    b = _weights(11, 43)
+    b[4] = 0.0
+    b = b / b.sum()
+    eps = 0.05
+    res = fs.sinkhorn(
+        x, y, a, b, eps=eps, tol=tol, n_iters=3000 if tol else 40, schedule=schedule,
+        rho_x=rho, rho_y=rho, backend="torch",
+    )  # fmt: skip
+    lam = 1.0 if rho is None else 1.0 / (1.0 + eps / rho)
+    C = torch.cdist(x, y) ** 2
+    f_ref = -lam * eps * torch.logsumexp((res.g - C) / eps + b.log(), dim=1)
+    g_ref = -lam * eps * torch.logsumexp((res.f[:, None] - C) / eps + a.log()[:, None], dim=0)
+    assert torch.allclose(res.f[[2, 7]], f_ref[[2, 7]], rtol=0, atol=1e-12)
+    assert torch.allclose(res.g[4], g_ref[4], rtol=0, atol=1e-12)

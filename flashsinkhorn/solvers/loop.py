@@ -55,6 +55,22 @@ def _step(problem, backend, f, g, eps, schedule, first, want_raw):
     return f_new, g_new, err
 
 
+def _settle_null_points(problem, backend, f, g, eps):
+    """Gives zero-weight points the potential of the final plan: the damped soft-min of the
+    other side's potential (their entries feed no other update, so the iteration leaves them
+    lagging behind; with the symmetric schedule by a geometric average).
+    """
+    X, Y = problem.X, problem.Y
+    prec = problem.precision
+    if X.has_null:
+        t, _ = backend.softmin(X, Y, g, eps, f, 0.0, X.damping(eps), False, prec)
+        f = torch.where(X.w == 0, t, f)
+    if Y.has_null:
+        t, _ = backend.softmin(Y, X, f, eps, g, 0.0, Y.damping(eps), False, prec)
+        g = torch.where(Y.w == 0, t, g)
+    return f, g
+
+
 def solve(
     problem: Problem,
     backend: Backend,
@@ -102,7 +118,9 @@ def solve(
             worst = float(err.max())
             errors.append((done, worst))
             if worst <= tol:
+                f, g = _settle_null_points(problem, backend, f, g, eps)
                 return SolveState(f, g, eps, done, True, err, errors)
         f, g = f_new, g_new
         done += 1
+    f, g = _settle_null_points(problem, backend, f, g, eps)
     return SolveState(f, g, eps, done, False, None, errors)
