@@ -6,6 +6,7 @@ import torch
 
 from . import _validation as V
 from .backends import resolve_backend, select_path
+from .costs import CostSpec, check_cost, transform_points
 from .problem import prepare
 from .result import SinkhornResult
 from .solvers import dual_value, eps_schedule, estimate_diameter, solve
@@ -38,8 +39,15 @@ def sinkhorn(
     precision: str = "auto",
     check_finite: bool = True,
     path: str = "auto",
+    cost: str = "sqeuclidean",
+    feature_map: torch.Tensor | None = None,
+    label_x: torch.Tensor | None = None,
+    label_y: torch.Tensor | None = None,
+    label_cost: torch.Tensor | None = None,
+    feature_weight: float = 1.0,
+    label_weight: float = 1.0,
 ) -> SinkhornResult:
-    """Entropic optimal transport between two point clouds, cost C_ij = ‖x_i − y_j‖².
+    """Entropic optimal transport between two point clouds, cost C_ij = ‖x_i − y_j‖² by default.
 
     Solves min_P <C, P> + eps KL(P | a⊗b) (plus rho KL terms on relaxed marginals) in the log
     domain with streaming soft-min updates; the n × m cost is never stored on the Triton path.
@@ -73,7 +81,22 @@ def sinkhorn(
         path: how the Triton backend reads the cost: "streaming" (x·yᵀ tiles recomputed
             each half-step, O((n + m) d) memory), "dense" (K = x yᵀ built once, then only
             streamed: faster at large d, O(B n m) memory) or "auto" (dense for d >= 256 when
-            K fits in memory). ``result.path`` says which ran.
+            K fits in memory). ``result.path`` says which ran. Non-default costs and labels
+            use the streaming kernels only (``path="dense"`` is then a ValueError).
+        cost: ground cost c(x, y): "sqeuclidean" (‖x − y‖², default), "euclidean"
+            (‖x − y‖) or "cosine" (1 − cos(x, y); a zero vector is mapped to the origin, so
+            its cost to any point is feature_weight/2). ``eps`` is in units of this cost.
+            See docs/costs.md.
+        feature_map: linear map applied to the features of both clouds before the cost: a
+            (k, d) matrix L (x ↦ L x) or a (d,) diagonal (for "sqeuclidean" the Mahalanobis
+            cost with M = LᵀL). Default None.
+        label_x: (n,) or (B, n) integer labels of ``x`` in [0, V) (OTDD label-augmented
+            cost); give ``label_y`` and ``label_cost`` with it. Default None.
+        label_y: (m,) or (B, m) integer labels of ``y`` in [0, V). Default None.
+        label_cost: (V, V) non-negative finite label-to-label cost W. The cost becomes
+            ``feature_weight · c(x_i, y_j) + label_weight · W[label_x_i, label_y_j]``.
+        feature_weight: factor >= 0 of the feature cost. Default 1.
+        label_weight: factor >= 0 of the label term. Default 1.
 
     Returns:
         A :class:`SinkhornResult` with potentials ``f``, ``g``, ``value``, ``n_iters``,
@@ -98,20 +121,61 @@ def sinkhorn(
     V.check_points("x", x)
     V.check_points("y", y)
     V.check_pair(x, y)
+    spec = check_cost(
+        x, y, cost=cost, feature_map=feature_map, label_x=label_x, label_y=label_y,
+        label_cost=label_cost, feature_weight=feature_weight, label_weight=label_weight,
+    )  # fmt: skip
+    with torch.no_grad():
+        x, y = transform_points(x, spec), transform_points(y, spec)
+    return solve_points(
+        x, y, a, b, spec, eps=eps, n_iters=n_iters, tol=tol, check_every=check_every,
+        schedule=schedule, scaling=scaling, diameter=diameter, rho_x=rho_x, rho_y=rho_y,
+        backend=backend, precision=precision, check_finite=check_finite, path=path,
+    )  # fmt: skip
 
+
+def solve_points(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    a: torch.Tensor | None,
+    b: torch.Tensor | None,
+    spec: CostSpec,
+    *,
+    eps: float,
+    n_iters: int,
+    tol: float | None,
+    check_every: int,
+    schedule: str,
+    scaling: float | None,
+    diameter: float | None,
+    rho_x: float | None,
+    rho_y: float | None,
+    backend: str,
+    precision: str,
+    check_finite: bool,
+    path: str,
+    sq_floor: float = 0.0,
+) -> SinkhornResult:
+    """:func:`sinkhorn` on points already mapped by ``costs.transform_points`` (arguments
+    already validated): the kernel cost and labels of ``spec`` go into the problem."""
     impl = resolve_backend(backend, x.device, x.dtype)
     prec = resolve_precision(precision, impl.name, x.dtype)
     with torch.no_grad():
         problem = prepare(
-            x, y, a, b, rho_x=rho_x, rho_y=rho_y, precision=prec, check_finite=check_finite
-        )
+            x, y, a, b, rho_x=rho_x, rho_y=rho_y, precision=prec, check_finite=check_finite,
+            cost=spec.kernel_cost, labels=spec.labels_for_prepare(), sq_floor=sq_floor,
+        )  # fmt: skip
         impl = select_path(impl, problem, path)
         if scaling is not None and diameter is None:
             diameter = estimate_diameter(problem.X.x, problem.Y.x)
+        power = 1 if problem.cost == "euclidean" else 2
+        offset = 0.0
+        if problem.has_labels and scaling is not None:
+            offset = float(problem.X.lcost.max())
         state = solve(
             problem,
             impl,
-            eps_list=eps_schedule(eps, scaling, diameter),
+            eps_list=eps_schedule(eps, scaling, diameter, power, offset),
             n_iters=n_iters,
             tol=tol,
             check_every=check_every,

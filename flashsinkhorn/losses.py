@@ -14,15 +14,41 @@ import torch
 
 from . import _validation as V
 from .autograd import OTCostFunction
-from .functional import sinkhorn
+from .costs import CostSpec, check_cost, transform_points
+from .functional import solve_points
 from .solvers import estimate_diameter
 
 
-def _solver(**options):
+def _solver(spec: CostSpec, **options):
     def solve(x, y, a, b):
-        return sinkhorn(x, y, a, b, **options)
+        # Validated like sinkhorn()'s arguments; x and y are already transformed.
+        _check_options(**options)
+        return solve_points(x, y, a, b, spec, path="auto", **options)
 
     return solve
+
+
+def _check_options(*, eps, n_iters, tol, check_every, schedule, scaling, diameter, rho_x,
+                   rho_y, backend, precision, check_finite):  # fmt: skip
+    V.check_positive("eps", eps)
+    V.check_int("n_iters", n_iters, 1)
+    V.check_positive("tol", tol, allow_none=True)
+    V.check_int("check_every", check_every, 1)
+    V.check_choice("schedule", schedule, V.SCHEDULES)
+    V.check_scaling(scaling)
+    V.check_positive("diameter", diameter, allow_none=True)
+    V.check_positive("rho_x", rho_x, allow_none=True)
+    V.check_positive("rho_y", rho_y, allow_none=True)
+    V.check_choice("backend", backend, V.BACKENDS)
+    V.check_choice("precision", precision, V.PRECISIONS)
+
+
+def _ot_cost_points(x, y, a, b, spec: CostSpec, hvp_options, **options) -> torch.Tensor:
+    """OT_eps of already transformed points (differentiable, label_cost included)."""
+    solve = _solver(spec, **options)
+    return OTCostFunction.apply(
+        x, y, a, b, solve, hvp_options, spec.label_cost, spec.label_weight, spec.is_default
+    )
 
 
 def ot_cost(
@@ -44,6 +70,13 @@ def ot_cost(
     precision: str = "auto",
     check_finite: bool = True,
     hvp_options: dict | None = None,
+    cost: str = "sqeuclidean",
+    feature_map: torch.Tensor | None = None,
+    label_x: torch.Tensor | None = None,
+    label_y: torch.Tensor | None = None,
+    label_cost: torch.Tensor | None = None,
+    feature_weight: float = 1.0,
+    label_weight: float = 1.0,
 ) -> torch.Tensor:
     """Entropic OT value OT_eps(a, b), differentiable w.r.t. ``x``, ``y``, ``a`` and ``b``.
 
@@ -66,6 +99,18 @@ def ot_cost(
         hvp_options: Schur-solve settings of the second derivative (``create_graph=True``
             then grad again, which applies the streaming HVP): keys ``tau``, ``cg_tol``,
             ``cg_max_iter``, ``cg_check_every`` (defaults 1e-5, 1e-6, 500, 10; docs/hvp.md).
+            Second derivatives exist for the default squared Euclidean cost only.
+        cost: "sqeuclidean" (default), "euclidean" or "cosine"; as in
+            :func:`flashsinkhorn.sinkhorn`. Gradients: docs/costs.md (the euclidean cost uses
+            the subgradient 0 where x_i = y_j).
+        feature_map: (k, d) or (d,) linear map of the features (gradients flow through it
+            to the points; the map itself is not differentiated). Default None.
+        label_x: (n,) or (B, n) integer labels of x (OTDD label term). Default None.
+        label_y: (m,) or (B, m) integer labels of y. Default None.
+        label_cost: (V, V) label cost W; differentiable when it requires grad:
+            dOT/dW[k, l] = label_weight · Σ_{i: label_x_i = k, j: label_y_j = l} P_ij.
+        feature_weight: factor >= 0 of the feature cost. Default 1.
+        label_weight: factor >= 0 of the label term. Default 1.
 
     Returns:
         A 0-d tensor, or (B,) for batched inputs, in float32 (float64 for float64 inputs).
@@ -75,12 +120,19 @@ def ot_cost(
         RuntimeError: when differentiated twice through the weights, or through an
             unbalanced problem (second derivatives exist for x and y of balanced OT only).
     """
-    solve = _solver(
+    V.check_points("x", x)
+    V.check_points("y", y)
+    V.check_pair(x, y)
+    spec = check_cost(
+        x, y, cost=cost, feature_map=feature_map, label_x=label_x, label_y=label_y,
+        label_cost=label_cost, feature_weight=feature_weight, label_weight=label_weight,
+    )  # fmt: skip
+    return _ot_cost_points(
+        transform_points(x, spec), transform_points(y, spec), a, b, spec, hvp_options,
         eps=eps, n_iters=n_iters, tol=tol, check_every=check_every, schedule=schedule,
         scaling=scaling, diameter=diameter, rho_x=rho_x, rho_y=rho_y, backend=backend,
         precision=precision, check_finite=check_finite,
     )  # fmt: skip
-    return OTCostFunction.apply(x, y, a, b, solve, hvp_options)
 
 
 def _batched(t: torch.Tensor) -> torch.Tensor:
@@ -106,6 +158,13 @@ def sinkhorn_divergence(
     precision: str = "auto",
     check_finite: bool = True,
     hvp_options: dict | None = None,
+    cost: str = "sqeuclidean",
+    feature_map: torch.Tensor | None = None,
+    label_x: torch.Tensor | None = None,
+    label_y: torch.Tensor | None = None,
+    label_cost: torch.Tensor | None = None,
+    feature_weight: float = 1.0,
+    label_weight: float = 1.0,
 ) -> torch.Tensor:
     """Debiased Sinkhorn divergence S = OT(a, b) − ½ OT(a, a) − ½ OT(b, b).
 
@@ -117,26 +176,35 @@ def sinkhorn_divergence(
     (resp. ``rho_y``) on both of their sides, and with ``scaling`` all three solves anneal
     from the same diameter (that of both clouds, estimated when None).
 
+    The cost arguments (``cost``, ``feature_map``, ``label_x``, ``label_y``, ``label_cost``,
+    ``feature_weight``, ``label_weight``) are those of :func:`ot_cost`; the self terms use
+    (label_x, label_x) and (label_y, label_y), so W is over the union of both label sets.
+
     Returns:
         A 0-d tensor, or (B,) for batched inputs, differentiable w.r.t. x, y, a, b.
     """
     V.check_points("x", x)
     V.check_points("y", y)
     V.check_pair(x, y)
+    spec = check_cost(
+        x, y, cost=cost, feature_map=feature_map, label_x=label_x, label_y=label_y,
+        label_cost=label_cost, feature_weight=feature_weight, label_weight=label_weight,
+    )  # fmt: skip
+    xt, yt = transform_points(x, spec), transform_points(y, spec)
     if scaling is not None and diameter is None:
         V.check_scaling(scaling)
         with torch.no_grad():
-            diameter = estimate_diameter(_batched(x.detach()), _batched(y.detach()))
+            diameter = estimate_diameter(_batched(xt.detach()), _batched(yt.detach()))
         diameter = diameter if diameter > 0 else None
     common = dict(
         eps=eps, n_iters=n_iters, tol=tol, check_every=check_every, schedule=schedule,
         scaling=scaling, diameter=diameter, backend=backend, precision=precision,
-        check_finite=check_finite, hvp_options=hvp_options,
+        check_finite=check_finite,
     )  # fmt: skip
-    cost = functools.partial(ot_cost, **common)
-    xy = cost(x, y, a, b, rho_x=rho_x, rho_y=rho_y)
-    xx = cost(x, x, a, a, rho_x=rho_x, rho_y=rho_x)
-    yy = cost(y, y, b, b, rho_x=rho_y, rho_y=rho_y)
+    ot = functools.partial(_ot_cost_points, hvp_options=hvp_options, **common)
+    xy = ot(xt, yt, a, b, spec, rho_x=rho_x, rho_y=rho_y)
+    xx = ot(xt, xt, a, a, spec.with_labels(spec.label_x, spec.label_x), rho_x=rho_x, rho_y=rho_x)
+    yy = ot(yt, yt, b, b, spec.with_labels(spec.label_y, spec.label_y), rho_x=rho_y, rho_y=rho_y)
     div = xy - 0.5 * (xx + yy)
     if rho_x is None and rho_y is None:
         return div

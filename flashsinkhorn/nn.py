@@ -31,7 +31,8 @@ class SinkhornDivergence(torch.nn.Module):
         eps: entropic regularisation in squared-distance units.
         **options: any keyword of :func:`flashsinkhorn.sinkhorn_divergence` (n_iters, tol,
             check_every, schedule, scaling, diameter, rho_x, rho_y, backend, precision,
-            check_finite).
+            check_finite, and the cost options cost, feature_map, label_x, label_y,
+            label_cost, feature_weight, label_weight of docs/costs.md).
     """
 
     def __init__(self, eps: float, **options: Any):
@@ -39,7 +40,8 @@ class SinkhornDivergence(torch.nn.Module):
         self.eps = V.check_positive("eps", eps)
         allowed = {
             "n_iters", "tol", "check_every", "schedule", "scaling", "diameter", "rho_x",
-            "rho_y", "backend", "precision", "check_finite",
+            "rho_y", "backend", "precision", "check_finite", "cost", "feature_map", "label_x",
+            "label_y", "label_cost", "feature_weight", "label_weight",
         }  # fmt: skip
         unknown = set(options) - allowed
         if unknown:
@@ -62,9 +64,11 @@ class SinkhornDivergence(torch.nn.Module):
 
 
 class SamplesLoss(torch.nn.Module):
-    """Drop-in replacement for ``geomloss.SamplesLoss(loss="sinkhorn", p=2, ...)``.
+    """Drop-in replacement for ``geomloss.SamplesLoss(loss="sinkhorn", p=2 or 1, ...)``.
 
-    Follows GeomLoss's conventions exactly: cost C = ½‖x − y‖², eps = blur², rho = reach²,
+    Follows GeomLoss's conventions exactly: for p = 2 the cost C = ½‖x − y‖², eps = blur²,
+    rho = reach²; for p = 1 the cost C = ‖x − y‖ (as GeomLoss: sqrt(max(‖x − y‖², 1e-8))),
+    eps = blur, rho = reach;
     the eps schedule from ``diameter`` down to ``blur`` by ``scaling``, exactly GeomLoss's
     number of symmetric iterations and its final "last extrapolation". The result equals
     GeomLoss's tensorized backend (float64: to round-off). Gradients come from fused streaming
@@ -73,7 +77,8 @@ class SamplesLoss(torch.nn.Module):
 
     Args:
         loss: only "sinkhorn".
-        p: only 2.
+        p: 2 (half squared Euclidean cost) or 1 (Euclidean distance; gradient 0 where two
+            points are within 1e-4 of each other, GeomLoss's clamp).
         blur: target length scale, eps = blur². Default 0.05.
         reach: None (balanced) or the KL relaxation length scale, rho = reach².
         diameter: start of the annealing; None estimates it from the bounding box.
@@ -119,8 +124,8 @@ class SamplesLoss(torch.nn.Module):
             raise ValueError(
                 f"loss must be 'sinkhorn' (the only loss supported so far), got {loss!r}"
             )
-        if isinstance(p, bool) or p != 2:
-            raise ValueError(f"p must be 2 (p=1 arrives in a later release), got {p!r}")
+        if isinstance(p, bool) or p not in (1, 2):
+            raise ValueError(f"p must be 1 or 2, got {p!r}")
         if cost is not None:
             raise ValueError("cost must be None: only the squared Euclidean cost is supported")
         if kernel is not None or cluster_scale is not None:
@@ -141,6 +146,7 @@ class SamplesLoss(torch.nn.Module):
             backend=_GEOMLOSS_BACKENDS[backend],
             precision=precision,
             check_finite=bool(check_finite),
+            p=int(p),
         )
         self.potentials = bool(potentials)
 

@@ -40,6 +40,17 @@ class Side:
     #: Some weights are zero. Such points carry no mass, so the iteration never corrects
     #: their potentials; the solver sets them from the final soft-min (solvers/loop.py).
     has_null: bool = False
+    #: Kernel cost on these (transformed) points: "sqeuclidean" (‖r − c‖²) or "euclidean"
+    #: (sqrt(max(‖r − c‖², sq_floor))); see flashsinkhorn/costs.py.
+    cost: str = "sqeuclidean"
+    #: (B, n) int32 labels of these points, or None (no label term).
+    labels: torch.Tensor | None = None
+    #: (V, V) label cost already multiplied by label_weight, oriented with this side's labels
+    #: as the first index (the y side holds the transpose), potential dtype; or None.
+    lcost: torch.Tensor | None = None
+    #: Floor of the squared distance under the square root of the euclidean cost (GeomLoss
+    #: p=1 uses 1e-8); 0 for the functional API.
+    sq_floor: float = 0.0
 
     @property
     def n(self) -> int:
@@ -57,7 +68,11 @@ class Side:
 
 @dataclass(frozen=True)
 class Problem:
-    """An entropic OT problem in canonical batched form (cost C_ij = ‖x_i − y_j‖²)."""
+    """An entropic OT problem in canonical batched form.
+
+    The cost is C_ij = ‖x_i − y_j‖² by default; ``X.cost``/``X.labels`` (the same on both
+    sides) select the euclidean kernel cost and the label term (flashsinkhorn/costs.py).
+    """
 
     X: Side
     Y: Side
@@ -78,6 +93,20 @@ class Problem:
     @property
     def device(self) -> torch.device:
         return self.X.x.device
+
+    @property
+    def cost(self) -> str:
+        """Kernel cost: "sqeuclidean" or "euclidean"."""
+        return self.X.cost
+
+    @property
+    def has_labels(self) -> bool:
+        return self.X.labels is not None
+
+    @property
+    def default_cost(self) -> bool:
+        """True for the plain ‖x − y‖² cost (no euclidean kernel, no label term)."""
+        return self.X.cost == "sqeuclidean" and self.X.labels is None
 
     def transposed(self) -> Problem:
         """The same problem with the roles of x and y exchanged."""
@@ -139,6 +168,9 @@ def prepare(
     rho_y: float | None,
     precision: str,
     check_finite: bool = True,
+    cost: str = "sqeuclidean",
+    labels: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    sq_floor: float = 0.0,
 ) -> Problem:
     """Validates the clouds and weights and builds the canonical :class:`Problem`.
 
@@ -152,6 +184,11 @@ def prepare(
         precision: the resolved precision ("ieee", "tf32" or "tf32x3"); "tf32" rounds the
             centred points to the 11-bit grid of TF32/float16 (see ``round_to_half_grid``).
         check_finite: check points and weights for NaN/inf (one device synchronisation).
+        cost: kernel cost of the (already transformed) points, "sqeuclidean" or "euclidean".
+        labels: ``(label_x, label_y, W)`` with labels (n,)/(B, n) and (m,)/(B, m), already
+            validated (``costs.check_cost``), and W (V, V) already multiplied by
+            label_weight; or None.
+        sq_floor: floor of the squared distance of the euclidean cost.
 
     Returns:
         The problem with centred points; the caller's tensors are not modified.
@@ -225,4 +262,21 @@ def prepare(
         sqy = Yc.to(pdtype).pow(2).sum(-1)
     side_x = Side(Xc.contiguous(), sqx.contiguous(), wa, wa.log(), rho_x, Xk, kscale, null_a)
     side_y = Side(Yc.contiguous(), sqy.contiguous(), wb, wb.log(), rho_y, Yk, kscale, null_b)
+    if cost != "sqeuclidean" or labels is not None:
+        side_x, side_y = _with_cost(side_x, side_y, cost, labels, sq_floor, B, pdtype)
     return Problem(side_x, side_y, batched, precision, centre)
+
+
+def _with_cost(side_x: Side, side_y: Side, cost, labels, sq_floor, B, pdtype):
+    """Attaches the kernel cost and the label term (int32 labels, oriented W) to both sides."""
+    extra = {"cost": cost, "sq_floor": float(sq_floor)}
+    if labels is None:
+        return replace(side_x, **extra), replace(side_y, **extra)
+    lx, ly, W = labels
+    n, m = side_x.n, side_y.n
+    lx = lx.to(torch.int32).expand(B, n).contiguous()
+    ly = ly.to(torch.int32).expand(B, m).contiguous()
+    W = W.detach().to(pdtype)
+    side_x = replace(side_x, labels=lx, lcost=W.contiguous(), **extra)
+    side_y = replace(side_y, labels=ly, lcost=W.transpose(0, 1).contiguous(), **extra)
+    return side_x, side_y

@@ -144,6 +144,8 @@ class SinkhornResult:
         """Entropic barycentric projection T(x_i) = (P y)_i / â_i, with â = P 1.
 
         Computed in the centred frame of the solve and returned in the caller's coordinates.
+        With ``cost="cosine"``, a ``feature_map`` or a ``feature_weight`` the map is of the
+        transformed points (the space in which the cost is (squared) Euclidean).
         A point with zero induced mass (zero weight) maps to itself.
 
         Returns:
@@ -163,7 +165,9 @@ class SinkhornResult:
         return problem.unbatch(T)
 
     def plan(self, max_elements: int = 1 << 26) -> torch.Tensor:
-        """The dense plan P_ij = a_i b_j exp((f_i + g_j − ‖x_i − y_j‖²) / eps).
+        """The dense plan P_ij = a_i b_j exp((f_i + g_j − C_ij) / eps).
+
+        C_ij is the solve's cost (‖x_i − y_j‖² by default; see ``cost=`` and the label term).
 
         Args:
             max_elements: refuse when B·n·m exceeds this (default 2^26, 256 MiB in fp32).
@@ -183,8 +187,13 @@ class SinkhornResult:
                 f"{max_elements:,}); use apply()/apply_T() (streaming) or raise max_elements"
             )
         with torch.no_grad():
-            x, y = X.x.to(problem.dtype), Y.x.to(problem.dtype)
-            C = X.sq[:, :, None] + Y.sq[:, None, :] - 2.0 * torch.bmm(x, y.transpose(1, 2))
+            if problem.default_cost:
+                x, y = X.x.to(problem.dtype), Y.x.to(problem.dtype)
+                C = X.sq[:, :, None] + Y.sq[:, None, :] - 2.0 * torch.bmm(x, y.transpose(1, 2))
+            else:
+                from .backends.torch_ref import cost_block
+
+                C = cost_block(X, slice(None), Y, problem.dtype)
             logp = (self._f[:, :, None] + self._g[:, None, :] - C) / self.eps
             P = torch.exp(logp + X.logw[:, :, None] + Y.logw[:, None, :])
         return problem.unbatch(P)

@@ -128,7 +128,7 @@ def test_triton_matches_torch(device):
     "kw,name",
     [
         (dict(loss="energy"), "loss"),
-        (dict(p=1), "p"),
+        (dict(p=3), "p"),
         (dict(blur=0.0), "blur"),
         (dict(reach=-1.0), "reach"),
         (dict(scaling=1.5), "scaling"),

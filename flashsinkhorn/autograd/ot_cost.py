@@ -57,47 +57,115 @@ class OTCostFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, y, a, b, solve, hvp_options=None):
+    def forward(
+        ctx, x, y, a, b, solve, hvp_options=None, label_cost=None, label_weight=1.0,
+        second_order=True,
+    ):  # fmt: skip
         res = solve(x, y, a, b)
         ctx.res = res
         ctx.hvp_options = hvp_options
-        ctx.save_for_backward(x, y, a, b)
+        ctx.label_weight = label_weight
+        # Other costs (costs.py) have no second derivatives: refuse them with a ValueError.
+        ctx.second_order = bool(second_order) and res._problem.default_cost
+        ctx.save_for_backward(x, y, a, b, label_cost)
         return res.value.clone()
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, y, a, b = ctx.saved_tensors
-        res: SinkhornResult = ctx.res
-        problem = res._problem
-        impl = res._backend
-        need = ctx.needs_input_grad
-        gx = gy = ga = gb = None
-        balanced = problem.X.rho is None and problem.Y.rho is None
-        second = torch.is_grad_enabled() and balanced and (need[0] or need[1])
-        if second:
-            # create_graph=True: differentiable x/y gradients whose backward is the HVP.
-            gx, gy = EnvelopeGrad.apply(
-                x, y, a, b, grad_out, res, need[0], need[1], hvp_settings(ctx.hvp_options)
+        x, y, a, b, label_cost = ctx.saved_tensors
+        gW = None
+        if ctx.needs_input_grad[6]:
+            with torch.no_grad():
+                gW = _label_cost_grad(ctx.res, grad_out, ctx.label_weight).to(label_cost.dtype)
+        if not ctx.second_order:
+            from ..costs import refuse_second_order
+
+            res = ctx.res
+            grads = _first_order(ctx, x, y, a, b, grad_out, ctx.needs_input_grad)
+            grads = refuse_second_order((*grads, gW), (x, y, a, b, label_cost), res._problem.cost)
+            return (*grads[:4], None, None, grads[4], None, None)
+        gx, gy, ga, gb = _backward_sqeuclidean(ctx, x, y, a, b, grad_out)
+        return gx, gy, ga, gb, None, None, gW, None, None
+
+
+def _first_order(ctx, x, y, a, b, grad_out, need):
+    """(gx, gy, ga, gb) without any graph (envelope gradients of any cost)."""
+    res: SinkhornResult = ctx.res
+    problem = res._problem
+    impl = res._backend
+    gx = gy = ga = gb = None
+    with torch.no_grad():
+        go = grad_out.reshape(-1).to(problem.dtype)
+        if need[0]:
+            G, _ = impl.transport_grad(
+                problem.X, problem.Y, res._f, res._g, res.eps, problem.precision
             )
-            need = (False, False, *need[2:])
-        with torch.no_grad():
-            go = grad_out.reshape(-1).to(problem.dtype)  # (B,) or (1,)
-            if need[0]:
-                G, _ = impl.transport_grad(
-                    problem.X, problem.Y, res._f, res._g, res.eps, problem.precision
-                )
-                gx = problem.unbatch(G * go[:, None, None]).to(x.dtype)
-            if need[1]:
-                G, _ = impl.transport_grad(
-                    problem.Y, problem.X, res._g, res._f, res.eps, problem.precision
-                )
-                gy = problem.unbatch(G * go[:, None, None]).to(y.dtype)
-            if need[2] and a is not None:
-                ga = _reduce_like(_weight_grad(res, "X") * go[:, None], a, problem.batched)
-            if need[3] and b is not None:
-                gb = _reduce_like(_weight_grad(res, "Y") * go[:, None], b, problem.batched)
-        if second:
-            ga, gb = guard_second_order((ga, gb), (x, y, a, b))
-        else:
-            gx, gy, ga, gb = guard_second_order((gx, gy, ga, gb), (x, y, a, b))
-        return gx, gy, ga, gb, None, None
+            gx = problem.unbatch(G * go[:, None, None]).to(x.dtype)
+        if need[1]:
+            G, _ = impl.transport_grad(
+                problem.Y, problem.X, res._g, res._f, res.eps, problem.precision
+            )
+            gy = problem.unbatch(G * go[:, None, None]).to(y.dtype)
+        if need[2] and a is not None:
+            ga = _reduce_like(_weight_grad(res, "X") * go[:, None], a, problem.batched)
+        if need[3] and b is not None:
+            gb = _reduce_like(_weight_grad(res, "Y") * go[:, None], b, problem.batched)
+    return gx, gy, ga, gb
+
+
+def _label_cost_grad(res: SinkhornResult, grad_out, label_weight: float) -> torch.Tensor:
+    """(V, V) dOT/dW = label_weight · Σ_b go_b · onehot(l_x)ᵀ P onehot(l_y), streamed.
+
+    P onehot(l_y) is one transport application with V value columns (no n × m tensor); the
+    left one-hot product is a scatter-add over the rows.
+    """
+    problem = res._problem
+    X, Y = problem.X, problem.Y
+    nv = X.lcost.shape[0]
+    go = grad_out.reshape(-1).to(problem.dtype)
+    onehot_y = torch.nn.functional.one_hot(Y.labels.long(), nv).to(problem.dtype)
+    PV, _ = res._backend.transport(
+        X, Y, res._f, res._g, res.eps, onehot_y, None, None, problem.precision
+    )  # (B, n, V)
+    PV = PV * go[:, None, None]
+    G = torch.zeros((nv, nv), dtype=problem.dtype, device=PV.device)
+    G.index_add_(0, X.labels.reshape(-1).long(), PV.reshape(-1, nv))
+    return label_weight * G
+
+
+def _backward_sqeuclidean(ctx, x, y, a, b, grad_out):
+    """The squared Euclidean backward: differentiable x/y gradients (HVP) under create_graph."""
+    res: SinkhornResult = ctx.res
+    problem = res._problem
+    impl = res._backend
+    need = ctx.needs_input_grad
+    gx = gy = ga = gb = None
+    balanced = problem.X.rho is None and problem.Y.rho is None
+    second = torch.is_grad_enabled() and balanced and (need[0] or need[1])
+    if second:
+        # create_graph=True: differentiable x/y gradients whose backward is the HVP.
+        gx, gy = EnvelopeGrad.apply(
+            x, y, a, b, grad_out, res, need[0], need[1], hvp_settings(ctx.hvp_options)
+        )
+        need = (False, False, *need[2:])
+    with torch.no_grad():
+        go = grad_out.reshape(-1).to(problem.dtype)  # (B,) or (1,)
+        if need[0]:
+            G, _ = impl.transport_grad(
+                problem.X, problem.Y, res._f, res._g, res.eps, problem.precision
+            )
+            gx = problem.unbatch(G * go[:, None, None]).to(x.dtype)
+        if need[1]:
+            G, _ = impl.transport_grad(
+                problem.Y, problem.X, res._g, res._f, res.eps, problem.precision
+            )
+            gy = problem.unbatch(G * go[:, None, None]).to(y.dtype)
+        if need[2] and a is not None:
+            ga = _reduce_like(_weight_grad(res, "X") * go[:, None], a, problem.batched)
+        if need[3] and b is not None:
+            gb = _reduce_like(_weight_grad(res, "Y") * go[:, None], b, problem.batched)
+    if second:
+        ga, gb = guard_second_order((ga, gb), (x, y, a, b))
+    else:
+        gx, gy, ga, gb = guard_second_order((gx, gy, ga, gb), (x, y, a, b))
+    return gx, gy, ga, gb

@@ -44,13 +44,37 @@ class GeomLossSpec:
     backend: str
     precision: str
     check_finite: bool = True
+    #: GeomLoss's exponent: 2 (C = ½‖x − y‖², eps = blur², rho = reach²) or 1 (C = ‖x − y‖,
+    #: eps = blur, rho = reach; the distance is sqrt(max(‖x − y‖², 1e-8)) as in GeomLoss).
+    p: int = 2
 
 
-def geomloss_eps_list(diameter: float, blur: float, scaling: float) -> list[float]:
-    """GeomLoss's eps schedule for p = 2 (half-cost units), the duplicated first value included:
-    ``[diameter²] + exp(arange(2 log diameter, 2 log blur, 2 log scaling)) + [blur²]``."""
-    steps = np.arange(2 * np.log(diameter), 2 * np.log(blur), 2 * np.log(scaling))
-    return [diameter**2] + [float(np.exp(e)) for e in steps] + [blur**2]
+def _k(spec: GeomLossSpec) -> float:
+    """Our cost over GeomLoss's: 2 for p = 2 (‖x − y‖² vs ½‖x − y‖²), 1 for p = 1."""
+    return 2.0 if spec.p == 2 else 1.0
+
+
+def _rho(spec: GeomLossSpec) -> float | None:
+    return None if spec.reach is None else _k(spec) * spec.reach**spec.p
+
+
+def _prepare(x, y, a, b, spec: GeomLossSpec, prec: str) -> Problem:
+    rho = _rho(spec)
+    extra = {} if spec.p == 2 else {"cost": "euclidean", "sq_floor": GEOMLOSS_SQ_FLOOR}
+    return prepare(
+        x, y, a, b, rho_x=rho, rho_y=rho, precision=prec, check_finite=spec.check_finite, **extra
+    )
+
+
+#: GeomLoss's tensorized p = 1 cost clamps the squared distance at 1e-8 before the root.
+GEOMLOSS_SQ_FLOOR = 1e-8
+
+
+def geomloss_eps_list(diameter: float, blur: float, scaling: float, p: int = 2) -> list[float]:
+    """GeomLoss's eps schedule in its own units, the duplicated first value included:
+    ``[diameter^p] + exp(arange(p log diameter, p log blur, p log scaling)) + [blur^p]``."""
+    steps = np.arange(p * np.log(diameter), p * np.log(blur), p * np.log(scaling))
+    return [diameter**p] + [float(np.exp(e)) for e in steps] + [blur**p]
 
 
 def _eps_list(x: torch.Tensor, y: torch.Tensor, spec: GeomLossSpec) -> list[float]:
@@ -64,7 +88,8 @@ def _eps_list(x: torch.Tensor, y: torch.Tensor, spec: GeomLossSpec) -> list[floa
     if not (diameter > 0 and math.isfinite(diameter)):
         # All points coincide (GeomLoss takes log(0) here): any positive start is equivalent.
         diameter = spec.blur
-    return [2.0 * e for e in geomloss_eps_list(diameter, spec.blur, spec.scaling)]
+    k = _k(spec)
+    return [k * e for e in geomloss_eps_list(diameter, spec.blur, spec.scaling, spec.p)]
 
 
 def _damping(eps: float, rho: float | None) -> float:
@@ -121,11 +146,9 @@ class SamplesLossFunction(torch.autograd.Function):
         from ..functional import resolve_precision
 
         prec = resolve_precision(spec.precision, impl.name, x.dtype)
-        rho = None if spec.reach is None else 2.0 * spec.reach**2
+        rho = _rho(spec)
         with torch.no_grad():
-            problem = prepare(
-                x, y, a, b, rho_x=rho, rho_y=rho, precision=prec, check_finite=spec.check_finite
-            )
+            problem = _prepare(x, y, a, b, spec, prec)
             eps_list = _eps_list(x, y, spec)
             loop = _Loop(problem, impl, eps_list, rho, spec.debias)
             value = _value(problem, loop, spec)
@@ -144,11 +167,12 @@ class SamplesLossFunction(torch.autograd.Function):
             go = grad_out.reshape(-1).to(problem.dtype)
 
             def points_grad(R, C, own_new, other_old, sym_new, sym_old):
-                # Our kernels give 2 Σ_j P_ij (r_i − c_j); GeomLoss's cost is half of ours.
+                # Our kernels give the gradient of our cost: 2 Σ_j P_ij (r_i − c_j) for p = 2
+                # (GeomLoss's cost is half of ours), Σ_j P_ij (r_i − c_j)/‖r_i − c_j‖ for p = 1.
                 G, _ = impl.transport_grad(R, C, own_new, other_old, eps, prec)
                 if spec.debias:
                     G = G - impl.transport_grad(R, R, sym_new, sym_old, eps, prec)[0]
-                return problem.unbatch(0.5 * G * go[:, None, None])
+                return problem.unbatch(G * (go / _k(spec))[:, None, None])
 
             if need[0]:
                 gx = points_grad(X, Y, loop.f, loop.g_old, _get(loop, "p"), _get(loop, "p_old"))
@@ -169,16 +193,17 @@ def _get(loop: _Loop, name: str):
 
 
 def _units(spec: GeomLossSpec) -> tuple[float, float | None]:
-    return spec.blur**2, (None if spec.reach is None else spec.reach**2)
+    return spec.blur**spec.p, (None if spec.reach is None else spec.reach**spec.p)
 
 
 def _value(problem: Problem, loop: _Loop, spec: GeomLossSpec) -> torch.Tensor:
     """(B,) GeomLoss's ``sinkhorn_cost`` at the extrapolated potentials (half-cost units)."""
     a, b = problem.X.w, problem.Y.w
-    F, G = 0.5 * loop.f, 0.5 * loop.g
+    k = _k(spec)
+    F, G = loop.f / k, loop.g / k
     eps, rho = _units(spec)
     if spec.debias:
-        Pa, Qb = 0.5 * loop.p, 0.5 * loop.q
+        Pa, Qb = loop.p / k, loop.q / k
         if rho is None:
             return _dot(a, F - Pa) + _dot(b, G - Qb)
         ea = torch.exp(-Pa / rho) - torch.exp(-F / rho)
@@ -197,11 +222,12 @@ def _weight_grad(f: torch.Tensor, p: torch.Tensor | None, spec: GeomLossSpec) ->
     (rho + eps)(1 − e^{−f/rho}) − eps/2 otherwise (docs/transport.md).
     """
     eps, rho = _units(spec)
-    F = 0.5 * f
+    k = _k(spec)
+    F = f / k
     if rho is None:
-        return F - 0.5 * p if spec.debias else F
+        return F - p / k if spec.debias else F
     if spec.debias:
-        return (rho + eps) * (torch.exp(-0.5 * p / rho) - torch.exp(-F / rho))
+        return (rho + eps) * (torch.exp(-p / k / rho) - torch.exp(-F / rho))
     return (rho + eps) * -torch.expm1(-F / rho) - eps / 2
 
 
@@ -217,14 +243,13 @@ def geomloss_potentials(x, y, a, b, spec: GeomLossSpec) -> tuple[torch.Tensor, t
     from ..functional import resolve_precision
 
     prec = resolve_precision(spec.precision, impl.name, x.dtype)
-    rho = None if spec.reach is None else 2.0 * spec.reach**2
+    rho = _rho(spec)
+    k = _k(spec)
     with torch.no_grad():
-        problem = prepare(
-            x, y, a, b, rho_x=rho, rho_y=rho, precision=prec, check_finite=spec.check_finite
-        )
+        problem = _prepare(x, y, a, b, spec, prec)
         eps_list = _eps_list(x, y, spec)
         loop = _Loop(problem, impl, eps_list, rho, spec.debias)
-        F, G = 0.5 * loop.f, 0.5 * loop.g
+        F, G = loop.f / k, loop.g / k
         if spec.debias:
-            F, G = F - 0.5 * loop.p, G - 0.5 * loop.q
+            F, G = F - loop.p / k, G - loop.q / k
     return problem.unbatch(F), problem.unbatch(G)

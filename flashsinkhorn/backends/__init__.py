@@ -65,6 +65,14 @@ def select_path(backend: Backend, problem, path: str) -> Backend:
         return backend
     if path == "streaming":
         return backend
+    if not getattr(problem, "default_cost", True):
+        # The stored Gram matrix holds x·yᵀ only: other costs and the label term stream.
+        if path == "dense":
+            raise ValueError(
+                "path='dense' supports the squared Euclidean cost without labels only; use "
+                "path='streaming' or 'auto' for cost='euclidean' or label_cost"
+            )
+        return backend
     from .triton.dense import DENSE_MIN_D, DenseTritonBackend, dense_fits
 
     if path == "auto":

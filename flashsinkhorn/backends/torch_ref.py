@@ -45,6 +45,59 @@ def scores(rows_x: torch.Tensor, cols: Side, col_pot: torch.Tensor, eps: float) 
     return torch.baddbmm(h.unsqueeze(1), xr, yc.transpose(1, 2), alpha=2.0 / eps)
 
 
+def label_block(rows: Side, sl: slice, cols: Side) -> torch.Tensor:
+    """(B, r, m) label term label_weight · W[l_i, l_j] of a row block (rows' orientation)."""
+    li = rows.labels[:, sl].long()
+    lj = cols.labels.long()
+    return rows.lcost[li[:, :, None], lj[:, None, :]]
+
+
+def distance_block(rows_x: torch.Tensor, rsq: torch.Tensor, cols: Side, dtype) -> torch.Tensor:
+    """(B, r, m) sqrt(max(‖r_i‖² + ‖c_j‖² − 2 r_i·c_j, sq_floor)): the euclidean kernel cost,
+    from the same expansion the kernels use (clamped: rounding may make it slightly < 0)."""
+    xr = rows_x.to(dtype)
+    yc = cols.x.to(dtype)
+    d2 = torch.baddbmm(rsq[:, :, None] + cols.sq[:, None, :], xr, yc.transpose(1, 2), alpha=-2.0)
+    return d2.clamp_min(cols.sq_floor).sqrt()
+
+
+def block_scores(rows: Side, sl: slice, cols: Side, col_pot: torch.Tensor, eps: float):
+    """Scores of a row block for any kernel cost.
+
+    Returns ``(z, offset, dist)``: z (B, r, m) log-domain scores such that the soft-min is
+    ``T_i = offset_i − eps · LSE_j z_ij`` and the plan ``P_ij = exp(h_i + z_ij)`` with
+    ``h_i = (p_i − offset_i)/eps + log w_i``; ``offset`` is ‖r_i‖² for the squared Euclidean
+    cost (the shifted form) and 0 for the euclidean cost; ``dist`` is the (B, r, m) distance
+    block for the euclidean cost (None otherwise).
+    """
+    dtype = col_pot.dtype
+    dist = None
+    if rows.cost == "euclidean":
+        dist = distance_block(rows.x[:, sl], rows.sq[:, sl], cols, dtype)
+        z = (col_pot[:, None, :] - dist) / eps + cols.logw[:, None, :]
+        offset = torch.zeros_like(rows.sq[:, sl])
+    else:
+        z = scores(rows.x[:, sl], cols, col_pot, eps)
+        offset = rows.sq[:, sl]
+    if rows.labels is not None:
+        z = z - label_block(rows, sl, cols) / eps
+    return z, offset, dist
+
+
+def cost_block(rows: Side, sl: slice, cols: Side, dtype) -> torch.Tensor:
+    """(B, r, m) full cost C_ij of a row block (kernel cost plus label term)."""
+    if rows.cost == "euclidean":
+        C = distance_block(rows.x[:, sl], rows.sq[:, sl], cols, dtype)
+    else:
+        xr, yc = rows.x[:, sl].to(dtype), cols.x.to(dtype)
+        C = torch.baddbmm(
+            rows.sq[:, sl, None] + cols.sq[:, None, :], xr, yc.transpose(1, 2), alpha=-2.0
+        )
+    if rows.labels is not None:
+        C = C + label_block(rows, sl, cols)
+    return C
+
+
 class TorchBackend(Backend):
     """Reference backend built from batched matmuls and ``torch.logsumexp``."""
 
@@ -60,8 +113,12 @@ class TorchBackend(Backend):
         T = torch.empty_like(rows.sq)
         with matmul_precision(precision, rows.x.device):
             for sl in row_chunks(B, n, m, self.chunk_elements):
-                lse = torch.logsumexp(scores(rows.x[:, sl], cols, col_pot, eps), dim=2)
-                T[:, sl] = rows.sq[:, sl] - eps * lse
+                if rows.cost == "sqeuclidean" and rows.labels is None:
+                    lse = torch.logsumexp(scores(rows.x[:, sl], cols, col_pot, eps), dim=2)
+                    T[:, sl] = rows.sq[:, sl] - eps * lse
+                    continue
+                z, offset, _ = block_scores(rows, sl, cols, col_pot, eps)
+                T[:, sl] = offset - eps * torch.logsumexp(z, dim=2)
         out = beta * T if alpha == 0.0 else alpha * old + beta * T
         return out, (T if want_raw else None)
 

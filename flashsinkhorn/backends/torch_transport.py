@@ -16,19 +16,20 @@ from __future__ import annotations
 import torch
 
 from ..problem import Side
-from .torch_ref import CHUNK_ELEMENTS, matmul_precision, row_chunks, scores
+from .torch_ref import CHUNK_ELEMENTS, block_scores, matmul_precision, row_chunks
 
 
-def _row_softmax(rows: Side, cols: Side, row_pot, col_pot, eps: float, sl: slice):
-    """((B, r, m) row-softmax of the scores, (B, r) row marginal â) for a block of rows."""
-    z = scores(rows.x[:, sl], cols, col_pot, eps)
+def _row_softmax(rows: Side, cols: Side, row_pot, col_pot, eps: float, sl: slice, dist=False):
+    """((B, r, m) row-softmax of the scores, (B, r) row marginal â) for a block of rows;
+    with ``dist=True`` also the distance block of the euclidean cost (None otherwise)."""
+    z, offset, D = block_scores(rows, sl, cols, col_pot.to(rows.sq.dtype), eps)
     lse = torch.logsumexp(z, dim=2, keepdim=True)
     # A row with no reachable column (all weights zero) has lse = -inf: give it zero mass.
     lse_safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
     soft = torch.exp(z - lse_safe)
-    h = (row_pot[:, sl] - rows.sq[:, sl]) / eps + rows.logw[:, sl]
-    marg = torch.exp(h + lse[..., 0])
-    return soft, torch.nan_to_num(marg, nan=0.0)
+    h = (row_pot[:, sl] - offset) / eps + rows.logw[:, sl]
+    marg = torch.nan_to_num(torch.exp(h + lse[..., 0]), nan=0.0)
+    return (soft, marg, D) if dist else (soft, marg)
 
 
 def transport(
@@ -70,7 +71,12 @@ def transport_grad(
     precision: str,
     chunk_elements: int = CHUNK_ELEMENTS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(2 (diag(â) r − P c), â): the envelope gradient of OT_eps w.r.t. the row points."""
+    """(∇_r OT_eps, â): the envelope gradient w.r.t. the row points, â = P 1.
+
+    Squared Euclidean cost (labels or not): 2 (diag(â) r − P c). Euclidean cost:
+    Σ_j P_ij (r_i − c_j) / ‖r_i − c_j‖, with the subgradient 0 where the distance is 0 (at
+    or below the floor), i.e. ``diag((P ∘ 1/C) 1) r − (P ∘ 1/C) c``.
+    """
     B, n, d = rows.x.shape
     m = cols.x.shape[1]
     dtype = rows.sq.dtype
@@ -79,6 +85,14 @@ def transport_grad(
     yc = cols.x.to(dtype)
     with matmul_precision(precision, rows.x.device):
         for sl in row_chunks(B, n, m, chunk_elements):
+            if rows.cost == "euclidean":
+                soft, marg[:, sl], D = _row_softmax(rows, cols, row_pot, col_pot, eps, sl, True)
+                floor = max(cols.sq_floor, 0.0) ** 0.5
+                wgt = torch.where(D > floor, soft / torch.where(D > 0, D, 1.0), 0.0)
+                xr = rows.x[:, sl].to(dtype)
+                gsl = wgt.sum(-1, keepdim=True) * xr - torch.bmm(wgt, yc)
+                grad[:, sl] = marg[:, sl, None] * gsl
+                continue
             soft, marg[:, sl] = _row_softmax(rows, cols, row_pot, col_pot, eps, sl)
             # â_i (r_i − Σ_j softmax_ij c_j): the row-normalised form keeps the difference of
             # two nearly equal terms at the scale of the points, not of â·points.

@@ -114,6 +114,9 @@ class HessianOperator:
         for key in ("rho_x", "rho_y"):
             if solver_options.get(key) is not None:
                 raise ValueError(f"{key}: HVPs are implemented for balanced OT only")
+        from ..costs import check_default_cost
+
+        check_default_cost(solver_options, "the HVP")
         self.tau, self.cg_tol, self.cg_max_iter, self.check_every = check_hvp_options(
             tau, cg_tol, cg_max_iter, cg_check_every
         )

@@ -32,13 +32,22 @@ def geometric_ladder(start: float, stop: float, ratio: float) -> list[float]:
     return [start] + [float(math.exp(e)) for e in steps] + [stop]
 
 
-def eps_schedule(eps: float, scaling: float | None, diameter: float | None) -> list[float]:
+def eps_schedule(
+    eps: float,
+    scaling: float | None,
+    diameter: float | None,
+    power: int = 2,
+    offset: float = 0.0,
+) -> list[float]:
     """The eps value of every iteration before the solve settles at ``eps``.
 
     For the cost ‖x − y‖², annealing starts at the largest cost, ``diameter²``, and divides eps
     by ``scaling²`` each iteration (``scaling`` acts on the length scale sqrt(eps), as GeomLoss's
     ``scaling`` acts on its blur). ``scaling=None`` gives ``[eps]``.
+
+    Other costs: ``power=1`` for the euclidean cost (start at ``diameter``, ratio ``scaling``,
+    as GeomLoss's p = 1), and ``offset`` (the largest label term) is added to the start.
     """
     if scaling is None or diameter is None or diameter <= 0:
         return [eps]
-    return geometric_ladder(diameter**2, eps, scaling**2)
+    return geometric_ladder(diameter**power + offset, eps, scaling**power)

@@ -8,6 +8,9 @@ out = alpha · old + beta · T. Derivation: docs/kernels.md.
 
 from __future__ import annotations
 
+import math
+import threading
+
 import torch
 import triton
 import triton.language as tl
@@ -41,17 +44,123 @@ _DYNAMIC = [
     "cols_per_split_x",
     "cols_per_split_y",
     "n_split",
+    "n_lab",
 ]
+
+
+# ----- cost helpers shared by the soft-min (here) and transport (transport.py) kernels -----
+# docs/costs.md. EUCLID and LABELS are constexpr: with both False the kernels compile to the
+# plain squared-Euclidean code.
+
+
+@triton.jit
+def _col_bias(Cpot, Csq, Clogw, o_vc, m_n, inv_eps2, EUCLID: tl.constexpr):
+    # Base-2 column bias h_j and the column squared norms. Squared Euclidean (shifted form):
+    # h_j = (p_j − ‖c_j‖²) log2e / eps + log2 w_j; euclidean: h_j = p_j log2e / eps + log2 w_j.
+    b_csq = tl.load(Csq + o_vc, mask=m_n, other=0.0)
+    if EUCLID:
+        b_h = tl.load(Cpot + o_vc, mask=m_n, other=0.0) * inv_eps2
+    else:
+        b_h = (tl.load(Cpot + o_vc, mask=m_n, other=0.0) - b_csq) * inv_eps2
+    b_h += tl.load(Clogw + o_vc, mask=m_n, other=float("-inf")) * 1.4426950408889634
+    return b_h, b_csq
+
+
+@triton.jit
+def _label_rows(Rlab, Lcost, o_vr, m_m, n_lab, LABELS: tl.constexpr):
+    # Row side of the label term, loaded once per program (rows are fixed over the sweep):
+    # b_lr = l_i · V, and for LABELS >= 16 (on-chip mode, LABELS = padded V) the rows
+    # W[l_i, :] of the table as two float16 parts whose sum is W / lscale to 22 bits.
+    b_lr = tl.load(Rlab + o_vr, mask=m_m, other=0).to(tl.int64) * n_lab
+    if LABELS >= 16:
+        o_v = tl.arange(0, LABELS)
+        m_w = m_m[:, None] & (o_v < n_lab)[None, :]
+        p_w = Lcost + b_lr[:, None] + o_v[None, :]
+        b_w0 = tl.load(p_w, mask=m_w, other=0.0)
+        b_w1 = tl.load(p_w + n_lab * n_lab, mask=m_w, other=0.0)
+    else:
+        b_w0 = tl.zeros([1, 16], tl.float16)
+        b_w1 = b_w0
+    return b_lr, b_w0, b_w1
+
+
+@triton.jit
+def _label_tile(Lcost, b_lr, b_w0, b_w1, Clab, o_vc, m_m, m_n, n_lab, lscale,
+                LABELS: tl.constexpr):  # fmt: skip
+    # label_weight · W[l_i, l_j] for one tile.
+    b_lc = tl.load(Clab + o_vc, mask=m_n, other=0)
+    if LABELS >= 16:
+        # On chip: a tensor-core product of the staged rows W[l_i, :] with the one-hot matrix
+        # of the column labels. Products with 1 and sums with zeros are exact, so the two
+        # parts give W to 22 bits without a scattered load per score.
+        b_hot = (tl.arange(0, LABELS)[:, None] == b_lc[None, :]).to(tl.float16)
+        b_lab = tl.dot(b_w0, b_hot)
+        b_lab = tl.dot(b_w1, b_hot, b_lab)
+        return b_lab * lscale
+    # Any V: a gather from the V × V table (it stays in L1/L2).
+    return tl.load(
+        Lcost + b_lr[:, None] + b_lc.to(tl.int64)[None, :],
+        mask=m_m[:, None] & m_n[None, :],
+        other=0.0,
+    )
+
+
+@triton.jit
+def _cost_scores(
+    b_s, b_h, b_rsq, b_csq, b_lab, scale2, inv_eps2, dot_scale, sq_floor,
+    EUCLID: tl.constexpr, LABELS: tl.constexpr,
+):  # fmt: skip
+    # Dot tile → base-2 score tile z_ij (the one place that knows the cost):
+    # - squared Euclidean: z = 2 r·c log2e / eps + h_j (the row term ‖r_i‖² is in the epilogue);
+    # - euclidean: D = sqrt(max(‖r_i‖² + ‖c_j‖² − 2 r·c, sq_floor)), z = h_j − D log2e / eps
+    #   (the row term is inside the tile; the epilogue adds nothing);
+    # - label term: z −= label_weight · W[l_i, l_j] log2e / eps.
+    # Returns (z, D); D is the dot tile itself when not EUCLID (unused then).
+    b_d = b_s
+    if EUCLID:
+        b_d2 = b_rsq[:, None] + b_csq[None, :] - (2.0 * dot_scale) * b_s
+        b_d = tl.sqrt(tl.maximum(b_d2, sq_floor))
+        b_z = b_h[None, :] - b_d * inv_eps2
+    else:
+        b_z = b_s * scale2 + b_h[None, :]
+    if LABELS:
+        b_z = b_z - b_lab * inv_eps2
+    return b_z, b_d
+
+
+@triton.jit
+def _online_lse(b_max, b_sum, b_z):
+    # One tile of the streaming base-2 LSE. Returns (new max, rescale factor of the old sum
+    # and accumulators, the shift to use for this tile's exp2). A row that has seen only -inf (masked or zero-weight columns) keeps
+    # max = -inf; shift by 0 there so that exp2 gives 0 instead of NaN.
+    b_new = tl.maximum(b_max, tl.max(b_z, 1))
+    b_ref = tl.where(b_new == float("-inf"), 0.0, b_new)
+    b_alpha = tl.exp2(b_max - b_ref)
+    return b_new, b_alpha, b_ref
 
 
 @triton.jit
 def _softmin_epilogue(
     b_max, b_sum, Rsq, Rold, Out, Raw, o_vr, m_m, eps, alpha, beta, WRITE_RAW: tl.constexpr
 ):
-    # T_i = ‖r_i‖² − eps ln2 · log2-LSE; the schedule's average and the damping are fused here.
-    b_t = tl.load(Rsq + o_vr, mask=m_m, other=0.0) - (eps * 0.6931471805599453) * (
-        b_max + tl.log2(b_sum)
+    _softmin_epilogue_cost(
+        b_max, b_sum, Rsq, Rold, Out, Raw, o_vr, m_m, eps, alpha, beta, WRITE_RAW, False
     )
+
+
+@triton.jit
+def _softmin_epilogue_cost(
+    b_max, b_sum, Rsq, Rold, Out, Raw, o_vr, m_m, eps, alpha, beta, WRITE_RAW: tl.constexpr,
+    EUCLID: tl.constexpr,
+):  # fmt: skip
+    # T_i = ‖r_i‖² − eps ln2 · log2-LSE (euclidean: no row term); the schedule's average and
+    # the damping are fused here.
+    if EUCLID:
+        b_t = -(eps * 0.6931471805599453) * (b_max + tl.log2(b_sum))
+    else:
+        b_t = tl.load(Rsq + o_vr, mask=m_m, other=0.0) - (eps * 0.6931471805599453) * (
+            b_max + tl.log2(b_sum)
+        )
     b_out = beta * b_t + alpha * tl.load(Rold + o_vr, mask=m_m, other=0.0)
     tl.store(Out + o_vr, b_out, mask=m_m)
     if WRITE_RAW:
@@ -71,6 +180,9 @@ def _softmin_rows(
     Raw,
     Pmax,
     Psum,
+    Rlab,
+    Clab,
+    Lcost,
     i_b,
     i_m,
     i_s,
@@ -79,6 +191,7 @@ def _softmin_rows(
     d,
     cols_per_split,
     n_split,
+    n_lab,
     s_rb,
     s_rn,
     s_cb,
@@ -90,12 +203,16 @@ def _softmin_rows(
     alpha,
     beta,
     dot_scale,
+    sq_floor,
+    lscale,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     D_TILES: tl.constexpr,
     PRECISION: tl.constexpr,
     WRITE_RAW: tl.constexpr,
+    EUCLID: tl.constexpr,
+    LABELS: tl.constexpr,
 ):
     # Operands may be float16 points divided by a power of two: dot_scale = scale² restores
     # the dot product inside the score FMA.
@@ -111,6 +228,13 @@ def _softmin_rows(
     p_c0 = C + i_b64 * s_cb
     if D_TILES == 1:
         b_r = tl.load(p_r, mask=m_m[:, None] & (o_d[None, :] < d), other=0.0)
+    o_vr = i_b64 * s_vrb + o_m
+    # Row-side operands of the cost tile, fixed over the column sweep.
+    b_rsq = tl.zeros([BLOCK_M], tl.float32)
+    if EUCLID:
+        b_rsq = tl.load(Rsq + o_vr, mask=m_m, other=0.0)
+    if LABELS:
+        b_lr, b_w0, b_w1 = _label_rows(Rlab, Lcost, o_vr, m_m, n_lab, LABELS)
 
     b_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     b_sum = tl.zeros([BLOCK_M], tl.float32)
@@ -134,25 +258,27 @@ def _softmin_rows(
                 b_cd = tl.load(p_c + i_d * BLOCK_D, mask=m_n[:, None] & m_d[None, :], other=0.0)
                 b_s = tl.dot(b_rd, tl.trans(b_cd), b_s, input_precision=PRECISION)
         o_vc = i_b64 * s_vcb + o_n
-        b_h = (
-            tl.load(Cpot + o_vc, mask=m_n, other=0.0) - tl.load(Csq + o_vc, mask=m_n, other=0.0)
-        ) * inv_eps2
-        b_h += tl.load(Clogw + o_vc, mask=m_n, other=float("-inf")) * 1.4426950408889634
-        b_z = b_s * scale2 + b_h[None, :]
-        b_new = tl.maximum(b_max, tl.max(b_z, 1))
-        # A row that has seen only -inf (masked or zero-weight columns) keeps max = -inf;
-        # shift by 0 there so that exp2 gives 0 instead of NaN.
-        b_ref = tl.where(b_new == float("-inf"), 0.0, b_new)
-        b_sum = b_sum * tl.exp2(b_max - b_ref) + tl.sum(tl.exp2(b_z - b_ref[:, None]), 1)
+        b_h, b_csq = _col_bias(Cpot, Csq, Clogw, o_vc, m_n, inv_eps2, EUCLID)
+        b_lab = b_s
+        if LABELS:
+            b_lab = _label_tile(
+                Lcost, b_lr, b_w0, b_w1, Clab, o_vc, m_m, m_n, n_lab, lscale, LABELS
+            )
+        b_z, _ = _cost_scores(
+            b_s, b_h, b_rsq, b_csq, b_lab, scale2, inv_eps2, dot_scale, sq_floor, EUCLID, LABELS
+        )
+        b_new, b_alpha, b_ref = _online_lse(b_max, b_sum, b_z)
+        b_sum = b_sum * b_alpha + tl.sum(tl.exp2(b_z - b_ref[:, None]), 1)
         b_max = b_new
 
-    o_vr = i_b64 * s_vrb + o_m
     # A run-time branch, not a constexpr: one compiled kernel serves every n and m.
     if n_split > 1:
         tl.store(Pmax + i_s * s_ps + o_vr, b_max, mask=m_m)
         tl.store(Psum + i_s * s_ps + o_vr, b_sum, mask=m_m)
     else:
-        _softmin_epilogue(b_max, b_sum, Rsq, Rold, Out, Raw, o_vr, m_m, eps, alpha, beta, WRITE_RAW)
+        _softmin_epilogue_cost(
+            b_max, b_sum, Rsq, Rold, Out, Raw, o_vr, m_m, eps, alpha, beta, WRITE_RAW, EUCLID
+        )
 
 
 @triton.jit(do_not_specialize=_DYNAMIC)
@@ -168,11 +294,15 @@ def _softmin_fwd_kernel(
     Raw,
     Pmax,
     Psum,
+    Rlab,
+    Clab,
+    Lcost,
     n_rows,
     n_cols,
     d,
     cols_per_split,
     n_split,
+    n_lab,
     s_rb,
     s_rn,
     s_cb,
@@ -184,12 +314,16 @@ def _softmin_fwd_kernel(
     alpha,
     beta,
     dot_scale,
+    sq_floor,
+    lscale,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     D_TILES: tl.constexpr,
     PRECISION: tl.constexpr,
     WRITE_RAW: tl.constexpr,
+    EUCLID: tl.constexpr,
+    LABELS: tl.constexpr,
 ):
     _softmin_rows(
         R,
@@ -203,6 +337,9 @@ def _softmin_fwd_kernel(
         Raw,
         Pmax,
         Psum,
+        Rlab,
+        Clab,
+        Lcost,
         tl.program_id(1),
         tl.program_id(0),
         tl.program_id(2),
@@ -211,6 +348,7 @@ def _softmin_fwd_kernel(
         d,
         cols_per_split,
         n_split,
+        n_lab,
         s_rb,
         s_rn,
         s_cb,
@@ -222,12 +360,16 @@ def _softmin_fwd_kernel(
         alpha,
         beta,
         dot_scale,
+        sq_floor,
+        lscale,
         BLOCK_M,
         BLOCK_N,
         BLOCK_D,
         D_TILES,
         PRECISION,
         WRITE_RAW,
+        EUCLID,
+        LABELS,
     )
 
 
@@ -249,6 +391,10 @@ def _softmin_sym_kernel(
     PFsum,
     PGmax,
     PGsum,
+    Xlab,
+    Ylab,
+    XLc,
+    YLc,
     n_x,
     n_y,
     d,
@@ -256,6 +402,7 @@ def _softmin_sym_kernel(
     cols_per_split_x,
     cols_per_split_y,
     n_split,
+    n_lab,
     s_xb,
     s_xn,
     s_yb,
@@ -269,12 +416,16 @@ def _softmin_sym_kernel(
     beta_x,
     beta_y,
     dot_scale,
+    sq_floor,
+    lscale,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     D_TILES: tl.constexpr,
     PRECISION: tl.constexpr,
     WRITE_RAW: tl.constexpr,
+    EUCLID: tl.constexpr,
+    LABELS: tl.constexpr,
 ):
     # One launch for both half-steps of a symmetric iteration: the first n_blocks_x programs
     # update f from the old g, the rest update g from the old f.
@@ -294,6 +445,9 @@ def _softmin_sym_kernel(
             Fraw,
             PFmax,
             PFsum,
+            Xlab,
+            Ylab,
+            XLc,
             i_b,
             i_m,
             i_s,
@@ -302,6 +456,7 @@ def _softmin_sym_kernel(
             d,
             cols_per_split_x,
             n_split,
+            n_lab,
             s_xb,
             s_xn,
             s_yb,
@@ -313,12 +468,16 @@ def _softmin_sym_kernel(
             alpha,
             beta_x,
             dot_scale,
+            sq_floor,
+            lscale,
             BLOCK_M,
             BLOCK_N,
             BLOCK_D,
             D_TILES,
             PRECISION,
             WRITE_RAW,
+            EUCLID,
+            LABELS,
         )
     else:
         _softmin_rows(
@@ -333,6 +492,9 @@ def _softmin_sym_kernel(
             Graw,
             PGmax,
             PGsum,
+            Ylab,
+            Xlab,
+            YLc,
             i_b,
             i_m - n_blocks_x,
             i_s,
@@ -341,6 +503,7 @@ def _softmin_sym_kernel(
             d,
             cols_per_split_y,
             n_split,
+            n_lab,
             s_yb,
             s_yn,
             s_xb,
@@ -352,12 +515,16 @@ def _softmin_sym_kernel(
             alpha,
             beta_y,
             dot_scale,
+            sq_floor,
+            lscale,
             BLOCK_M,
             BLOCK_N,
             BLOCK_D,
             D_TILES,
             PRECISION,
             WRITE_RAW,
+            EUCLID,
+            LABELS,
         )
 
 
@@ -380,6 +547,7 @@ def _combine_rows(
     beta,
     BLOCK: tl.constexpr,
     WRITE_RAW: tl.constexpr,
+    EUCLID: tl.constexpr,
 ):
     o_m = i_m * BLOCK + tl.arange(0, BLOCK)
     m_m = o_m < n_rows
@@ -392,7 +560,9 @@ def _combine_rows(
     for i_s in range(n_split):
         b_pm = tl.load(Pmax + i_s * s_ps + o_vr, mask=m_m, other=0.0)
         b_sum += tl.load(Psum + i_s * s_ps + o_vr, mask=m_m, other=0.0) * tl.exp2(b_pm - b_ref)
-    _softmin_epilogue(b_max, b_sum, Rsq, Rold, Out, Raw, o_vr, m_m, eps, alpha, beta, WRITE_RAW)
+    _softmin_epilogue_cost(
+        b_max, b_sum, Rsq, Rold, Out, Raw, o_vr, m_m, eps, alpha, beta, WRITE_RAW, EUCLID
+    )
 
 
 @triton.jit(do_not_specialize=_DYNAMIC)
@@ -423,6 +593,7 @@ def _lse_combine_kernel(
     beta_y,
     BLOCK: tl.constexpr,
     WRITE_RAW: tl.constexpr,
+    EUCLID: tl.constexpr,
 ):
     # Merges the per-chunk (max, sum) of a split sweep; one launch serves both sides.
     i_m = tl.program_id(0)
@@ -446,6 +617,7 @@ def _lse_combine_kernel(
             beta_x,
             BLOCK,
             WRITE_RAW,
+            EUCLID,
         )
     else:
         _combine_rows(
@@ -466,6 +638,7 @@ def _lse_combine_kernel(
             beta_y,
             BLOCK,
             WRITE_RAW,
+            EUCLID,
         )
 
 
@@ -506,7 +679,9 @@ def plan_split(n_programs: int, n_cols: int, block_n: int, device) -> tuple[int,
     return triton.cdiv(n_cols, cps), cps
 
 
-def combine_one_side(pmax, psum, sq, old, out, raw, split, eps, alpha, beta, want_raw):
+def combine_one_side(
+    pmax, psum, sq, old, out, raw, split, eps, alpha, beta, want_raw, euclid=False
+):  # fmt: skip
     """Merges the partial (max, sum) of a split single-side sweep and applies the epilogue."""
     B, n = sq.shape
     nb = triton.cdiv(n, _COMBINE_BLOCK)
@@ -515,7 +690,7 @@ def combine_one_side(pmax, psum, sq, old, out, raw, split, eps, alpha, beta, wan
     _lse_combine_kernel[(nb, B)](
         *args, *args, n, n, nb, split, sq.stride(0), sq.stride(0), B * n, B * n,
         float(eps), float(alpha), float(beta), float(beta),
-        BLOCK=_COMBINE_BLOCK, WRITE_RAW=want_raw,
+        BLOCK=_COMBINE_BLOCK, WRITE_RAW=want_raw, EUCLID=euclid,
     )  # fmt: skip
 
 
@@ -544,6 +719,62 @@ def operands(rows: Side, cols: Side, precision: str):
     return rows.x, cols.x, 1.0, precision
 
 
+# Label tables up to this many classes are staged on chip (see _label_tile).
+ONCHIP_MAX_V = 32
+
+
+def _half_parts(W: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """(2, V, V) float16 parts with hi + lo = W / scale to 22 bits, and the power-of-two scale.
+
+    The scale puts max |W| near 2^14, inside float16's range with room for the low part.
+    """
+    top = float(W.abs().max())
+    scale = 2.0 ** (math.ceil(math.log2(top)) - 14) if top > 0 else 1.0
+    w = (W.to(torch.float64) / scale).to(torch.float32)
+    hi = w.to(torch.float16)
+    lo = (w - hi.to(torch.float32)).to(torch.float16)
+    return torch.stack([hi, lo]).contiguous(), scale
+
+
+_PARTS_CACHE: dict = {}
+_PARTS_LOCK = threading.Lock()
+
+
+def _staged_table(W: torch.Tensor) -> tuple[torch.Tensor, float]:
+    # One split per table (keyed by its storage and version), not one per launch.
+    key = (W.data_ptr(), W.device, W.shape, W._version)
+    with _PARTS_LOCK:
+        hit = _PARTS_CACHE.get(key)
+        if hit is None or hit[0] is not W:
+            if len(_PARTS_CACHE) > 64:
+                _PARTS_CACHE.clear()
+            hit = (W, *_half_parts(W))
+            _PARTS_CACHE[key] = hit
+    return hit[1], hit[2]
+
+
+def cost_args(rows: Side, cols: Side):
+    """(EUCLID, LABELS, row labels, column labels, table, V, table scale) for the kernels.
+
+    LABELS is 0 (no label term), 1 (W gathered from global memory, any V) or the padded V
+    (16 or 32) when W is small enough to be staged on chip as two float16 parts. Unused
+    pointers are placeholders (constexpr branches never read them).
+    """
+    euclid = rows.cost == "euclidean"
+    if rows.labels is None:
+        return euclid, 0, rows.sq, rows.sq, rows.sq, 1, 1.0
+    V = rows.lcost.shape[0]
+    if V <= ONCHIP_MAX_V and FORCE_GLOBAL_LABELS is False:
+        parts, scale = _staged_table(rows.lcost)
+        return euclid, max(16, triton.next_power_of_2(V)), rows.labels, cols.labels, parts, V, scale
+    lcost = rows.lcost.to(torch.float32).contiguous()
+    return euclid, 1, rows.labels, cols.labels, lcost, V, 1.0
+
+
+#: Tests set this to True to exercise the global-gather label path at small V.
+FORCE_GLOBAL_LABELS = False
+
+
 def softmin(
     rows: Side,
     cols: Side,
@@ -565,6 +796,7 @@ def softmin(
     split, cps = plan_split(n_blocks * B, m, cfg.block_n, rows.x.device)
     pmax, psum = _partials(split, rows.sq)
     xr, xc, dot_scale, precision = operands(rows, cols, precision)
+    euclid, labels, rlab, clab, lcost, n_lab, lscale = cost_args(rows, cols)
     _softmin_fwd_kernel[(n_blocks, B, split)](
         xr,
         xc,
@@ -577,11 +809,15 @@ def softmin(
         raw,
         pmax,
         psum,
+        rlab,
+        clab,
+        lcost,
         n,
         m,
         d,
         cps,
         split,
+        n_lab,
         xr.stride(0),
         xr.stride(1),
         xc.stride(0),
@@ -593,17 +829,23 @@ def softmin(
         float(alpha),
         float(beta),
         float(dot_scale),
+        float(cols.sq_floor),
+        lscale,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_D=cfg.block_d,
         D_TILES=cfg.d_tiles,
         PRECISION=precision,
         WRITE_RAW=want_raw,
+        EUCLID=euclid,
+        LABELS=labels,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
     if split > 1:
-        combine_one_side(pmax, psum, rows.sq, old, out, raw, split, eps, alpha, beta, want_raw)
+        combine_one_side(
+            pmax, psum, rows.sq, old, out, raw, split, eps, alpha, beta, want_raw, euclid
+        )
     return out, (raw if want_raw else None)
 
 
@@ -625,6 +867,8 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
     pfmax, pfsum = _partials(split, f)
     pgmax, pgsum = _partials(split, g)
     xx, xy, dot_scale, precision = operands(X, Y, precision)
+    euclid, labels, xlab, ylab, xlc, n_lab, lscale = cost_args(X, Y)
+    ylc = cost_args(Y, X)[4] if labels else xlc
     _softmin_sym_kernel[(n_blocks, B, split)](
         xx,
         xy,
@@ -642,6 +886,10 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
         pfsum,
         pgmax,
         pgsum,
+        xlab,
+        ylab,
+        xlc,
+        ylc,
         n,
         m,
         d,
@@ -649,6 +897,7 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
         cps_x,
         cps_y,
         split,
+        n_lab,
         xx.stride(0),
         xx.stride(1),
         xy.stride(0),
@@ -662,12 +911,16 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
         float(beta_x),
         float(beta_y),
         float(dot_scale),
+        float(X.sq_floor),
+        lscale,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_D=cfg.block_d,
         D_TILES=cfg.d_tiles,
         PRECISION=precision,
         WRITE_RAW=want_raw,
+        EUCLID=euclid,
+        LABELS=labels,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -701,6 +954,7 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
             float(beta_y),
             BLOCK=_COMBINE_BLOCK,
             WRITE_RAW=want_raw,
+            EUCLID=euclid,
         )
     if want_raw:
         return f_new, g_new, f_raw, g_raw

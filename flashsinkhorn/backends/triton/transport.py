@@ -23,6 +23,7 @@ import triton.language as tl
 
 from ...problem import Side
 from .configs import interpreter_operand, interpreting
+from .lse import _col_bias, _cost_scores, _label_rows, _label_tile, _online_lse, cost_args
 
 _DYNAMIC = [
     "n_rows",
@@ -36,6 +37,7 @@ _DYNAMIC = [
     "s_ob",
     "s_ab",
     "s_bb",
+    "n_lab",
 ]
 
 
@@ -86,7 +88,7 @@ def _score_tile(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     D_TILES: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    # x_I · y_Jᵀ for one tile; with D_TILES == 1 the row tile b_r is already on chip.
+    # x_I · y_Jᵀ for one tile (PRECISION: that of the point dtype, see _launch); with D_TILES == 1 the row tile b_r is already on chip.
     if D_TILES == 1:
         b_c = tl.load(p_c, mask=m_n[:, None] & (o_d[None, :] < d), other=0.0)
         b_s = tl.dot(b_r, tl.trans(b_c), input_precision=PRECISION)
@@ -103,16 +105,20 @@ def _score_tile(
 
 @triton.jit(do_not_specialize=_DYNAMIC)
 def _apply_fwd_kernel(
-    R, C, Rsq, Csq, Rlogw, Clogw, Rpot, Cpot, V, A, Bw, Out, Marg,
-    n_rows, n_cols, d, p, r,
+    R, C, Rsq, Csq, Rlogw, Clogw, Rpot, Cpot, V, A, Bw, Out, Marg, Rlab, Clab, Lcost,
+    n_rows, n_cols, d, p, r, n_lab,
     s_rb, s_rn, s_cb, s_cn, s_vrb, s_vcb,
     s_Vb, s_Vn, s_ob, s_on, s_ab, s_an, s_bb, s_bn,
-    eps,
+    eps, sq_floor, lscale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     D_TILES: tl.constexpr, BLOCK_P: tl.constexpr, P_TILES: tl.constexpr,
     BLOCK_R: tl.constexpr, R_TILES: tl.constexpr,
     HAS_V: tl.constexpr, HADAMARD: tl.constexpr, GRAD: tl.constexpr, PRECISION: tl.constexpr,
+    SCORE_PRECISION: tl.constexpr, EUCLID: tl.constexpr, LABELS: tl.constexpr,
 ):
+    # Other costs (docs/costs.md): the score tile comes from lse._cost_scores; the euclidean
+    # gradient Σ_j P_ij (x_i − y_j) / D_ij is this kernel with the Hadamard weights 1 / D_ij
+    # (0 where D_ij is at the floor: the subgradient) and their own running row sum.
     # Base-2 scores z_ij = x_i·y_j (2 log2e / eps) + h_j with the column bias
     # h_j = (p_j − ‖y_j‖²) log2e / eps + log2 w_j; log2 P_ij = ha_i + z_ij with the row
     # prefactor ha_i = (p_i − ‖x_i‖²) log2e / eps + log2 w_i, applied once in the epilogue.
@@ -132,9 +138,17 @@ def _apply_fwd_kernel(
     b_r = tl.zeros([BLOCK_M, BLOCK_D], R.dtype.element_ty)
     if D_TILES == 1:
         b_r = tl.load(p_r, mask=m_m[:, None] & (o_d[None, :] < d), other=0.0)
+    o_vr = i_b64 * s_vrb + o_m
+    b_rsq = tl.zeros([BLOCK_M], tl.float32)
+    if EUCLID:
+        b_rsq = tl.load(Rsq + o_vr, mask=m_m, other=0.0)
+    if LABELS:
+        b_lr, b_w0, b_w1 = _label_rows(Rlab, Lcost, o_vr, m_m, n_lab, LABELS)
+    d_min = tl.sqrt(sq_floor)
 
     b_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     b_sum = tl.zeros([BLOCK_M], tl.float32)
+    b_wsum = tl.zeros([BLOCK_M], tl.float32)
     b_acc = tl.zeros([BLOCK_M, BLOCK_P], tl.float32)
     for start_n in range(0, n_cols, BLOCK_N):
         o_n = start_n + tl.arange(0, BLOCK_N)
@@ -142,19 +156,23 @@ def _apply_fwd_kernel(
         o_n64 = o_n.to(tl.int64)
         p_c = p_c0 + o_n64[:, None] * s_cn + o_d[None, :]
         b_s, b_c = _score_tile(
-            p_r, p_c, m_m, m_n, b_r, o_d, d, BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION
+            p_r, p_c, m_m, m_n, b_r, o_d, d, BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, SCORE_PRECISION
         )
         o_vc = i_b64 * s_vcb + o_n
-        b_h = (tl.load(Cpot + o_vc, mask=m_n, other=0.0) - tl.load(Csq + o_vc, mask=m_n, other=0.0)) * inv_eps2
-        b_h += tl.load(Clogw + o_vc, mask=m_n, other=float("-inf")) * 1.4426950408889634
-        b_z = b_s * scale2 + b_h[None, :]
-        b_new = tl.maximum(b_max, tl.max(b_z, 1))
+        b_h, b_csq = _col_bias(Cpot, Csq, Clogw, o_vc, m_n, inv_eps2, EUCLID)
+        b_lab = b_s
+        if LABELS:
+            b_lab = _label_tile(Lcost, b_lr, b_w0, b_w1, Clab, o_vc, m_m, m_n, n_lab, lscale, LABELS)
+        b_z, b_dist = _cost_scores(b_s, b_h, b_rsq, b_csq, b_lab, scale2, inv_eps2, 1.0, sq_floor, EUCLID, LABELS)
         # Rows that have only met -inf scores keep max = -inf: shift by 0 so exp2 gives 0.
-        b_ref = tl.where(b_new == float("-inf"), 0.0, b_new)
-        b_alpha = tl.exp2(b_max - b_ref)
+        b_new, b_alpha, b_ref = _online_lse(b_max, b_sum, b_z)
         b_e = tl.exp2(b_z - b_ref[:, None])
         b_sum = b_sum * b_alpha + tl.sum(b_e, 1)
         b_max = b_new
+        if GRAD and EUCLID:
+            b_far = b_dist > d_min
+            b_e = tl.where(b_far, b_e / tl.where(b_far, b_dist, 1.0), 0.0)
+            b_wsum = b_wsum * b_alpha + tl.sum(b_e, 1)
         if HAS_V:
             if HADAMARD:
                 # W_IJ = A_I B_Jᵀ, formed on chip like the score tile.
@@ -194,8 +212,10 @@ def _apply_fwd_kernel(
                 tl.debug_barrier()
 
     # Epilogue: â_i = 2^(ha_i + max_i) s_i, and out_i = (â_i / s_i) acc_i = 2^(ha_i + max_i) acc_i.
-    o_vr = i_b64 * s_vrb + o_m
-    b_ha = (tl.load(Rpot + o_vr, mask=m_m, other=0.0) - tl.load(Rsq + o_vr, mask=m_m, other=0.0)) * inv_eps2
+    if EUCLID:
+        b_ha = tl.load(Rpot + o_vr, mask=m_m, other=0.0) * inv_eps2
+    else:
+        b_ha = (tl.load(Rpot + o_vr, mask=m_m, other=0.0) - tl.load(Rsq + o_vr, mask=m_m, other=0.0)) * inv_eps2
     b_ha += tl.load(Rlogw + o_vr, mask=m_m, other=float("-inf")) * 1.4426950408889634
     b_scale = tl.where(b_max == float("-inf"), 0.0, tl.exp2(b_ha + b_max))
     b_scale = tl.where(b_scale == b_scale, b_scale, 0.0)  # zero weight and -inf max: no mass
@@ -209,7 +229,10 @@ def _apply_fwd_kernel(
                     b_x = b_r.to(tl.float32)
                 else:
                     b_x = tl.load(p_r, mask=m_m[:, None] & (o_p[None, :] < p), other=0.0).to(tl.float32)
-                b_out = 2.0 * (b_marg[:, None] * b_x - b_out)
+                if EUCLID:
+                    b_out = (b_scale * b_wsum)[:, None] * b_x - b_out
+                else:
+                    b_out = 2.0 * (b_marg[:, None] * b_x - b_out)
             tl.store(p_o, b_out, mask=m_m[:, None] & (o_p[None, :] < p))
         else:
             for i_p in range(P_TILES):
@@ -218,7 +241,10 @@ def _apply_fwd_kernel(
                 b_out = tl.load(p_o + i_p * BLOCK_P, mask=m_o, other=0.0) * b_scale[:, None]
                 if GRAD:
                     b_x = tl.load(p_r + i_p * BLOCK_P, mask=m_o, other=0.0).to(tl.float32)
-                    b_out = 2.0 * (b_marg[:, None] * b_x - b_out)
+                    if EUCLID:
+                        b_out = (b_scale * b_wsum)[:, None] * b_x - b_out
+                    else:
+                        b_out = 2.0 * (b_marg[:, None] * b_x - b_out)
                 tl.store(p_o + i_p * BLOCK_P, b_out, mask=m_o)
 
 
@@ -258,17 +284,22 @@ def _launch(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, precision, 
         A = Bw = marg
     s3 = lambda t: (t.stride(0), t.stride(1)) if t.dim() == 3 else (0, 0)  # noqa: E731
     grid = (triton.cdiv(n, cfg.block_m), B)
+    euclid, labels, rlab, clab, lcost, n_lab, lscale = cost_args(rows, cols)
+    # Half points: the score dot multiplies half by half (exact products, fp32 accumulation);
+    # "ieee" is only valid for fp32 operands, so it takes the tensor-core flag there.
+    score_prec = precision if rows.x.dtype == torch.float32 else "tf32"
     _apply_fwd_kernel[grid](
         rows.x, cols.x, rows.sq, cols.sq, rows.logw, cols.logw, row_pot, col_pot,
-        V, A, Bw, out, marg,
-        n, m, d, p, r,
+        V, A, Bw, out, marg, rlab, clab, lcost,
+        n, m, d, p, r, n_lab,
         rows.x.stride(0), rows.x.stride(1), cols.x.stride(0), cols.x.stride(1),
         rows.sq.stride(0), cols.sq.stride(0),
         *s3(V), *s3(out), *s3(A), *s3(Bw),
-        float(eps),
+        float(eps), float(cols.sq_floor), lscale,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
         BLOCK_P=cfg.block_p, P_TILES=cfg.p_tiles, BLOCK_R=cfg.block_r, R_TILES=cfg.r_tiles,
         HAS_V=has_v, HADAMARD=r > 0, GRAD=grad, PRECISION=precision,
+        SCORE_PRECISION=score_prec, EUCLID=euclid, LABELS=labels,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return (out if has_v else None), marg
