@@ -54,8 +54,9 @@ class Case:
     """A benchmark case.
 
     ``kind`` is one of ``fwd`` (solve only), ``fwdbwd`` (OT value and its gradient with
-    respect to x), ``batched`` (fwd+bwd on a batch of problems) and ``firstcall`` (a fresh
-    process: import, first solve, then a new n at the same d).
+    respect to x), ``batched`` (fwd+bwd on a batch of problems), ``firstcall`` (a fresh
+    process: import, first solve, then a new n at the same d) and ``hvp`` (a Hessian-vector
+    product from converged potentials; ``iters`` of its rows counts CG iterations).
     """
 
     name: str
@@ -111,6 +112,17 @@ CASES: dict[str, Case] = {
         cpu_sizes=(_sq(512, 8),),
         description="fresh process: import + first solve, then a new n at the same d",
         params={"second_n_factor": 1.5},
+    ),
+    "hvp": Case(
+        name="hvp",
+        kind="hvp",
+        sizes=(_sq(10_000, 64),),
+        cpu_sizes=(_sq(256, 8),),
+        description=(
+            "Hessian-vector product of OT_eps w.r.t. x from converged potentials: exactly "
+            "cg_iters CG iterations, tau = 1e-5, strict fp32 (bench/providers/_hvp.py)"
+        ),
+        params={"cg_iters": 50, "tau": 1e-5},
     ),
 }
 

@@ -115,7 +115,7 @@ def worker_main(args) -> int:
         try:
             row.update(prov.run_item(case, size, method, opts))
             if row.get("ms") is not None:
-                row["ms_per_iter"] = row["ms"] / opts.iters
+                row["ms_per_iter"] = row["ms"] / row.get("iters", opts.iters)
         except Exception as exc:
             row["error"] = _providers.short_error(exc)
             print(_providers.error_trace(exc), file=sys.stderr, flush=True)

@@ -43,6 +43,8 @@ class FlashSinkhornPeer(Provider):
     def methods(self, kind: str, opts: Options) -> list[str]:
         if kind == "firstcall":
             return ["flash-sinkhorn-sym"]
+        if kind == "hvp":
+            return ["flash-sinkhorn-hvp"]
         return ["flash-sinkhorn-sym", "flash-sinkhorn-alt"]
 
     @staticmethod
@@ -107,6 +109,8 @@ class FlashSinkhornPeer(Provider):
         return fn, value_of
 
     def run_item(self, case, size, method, opts: Options) -> dict:
+        if case.kind == "hvp":
+            return self._run_hvp(case, size, opts)
         if case.kind != "firstcall":
             return super().run_item(case, size, method, opts)
 
@@ -123,6 +127,50 @@ class FlashSinkhornPeer(Provider):
             second_factor=case.params.get("second_n_factor", 1.5),
         )
         stats.update(self._info(method, opts))
+        return stats
+
+    def _run_hvp(self, case, size, opts: Options) -> dict:
+        """Its ``hvp_x_sqeuclid_from_potentials`` on the shared potentials (converted to its
+        OTT convention), full cost (``cost_scale=1``), strict fp32 (``allow_tf32=False``),
+        damping ``tau2`` (absolute: b̂ + eps·tau2), exactly ``cg_iters`` unpreconditioned CG
+        iterations (``cg_rtol = cg_atol = 0``), autotuning on (its default; the first call,
+        autotuning included, is ``first_call_s``). See bench/providers/_hvp.py."""
+        from . import _hvp
+
+        fsk = _import()
+
+        def make_fn(x, y, a, b, A, res, cg_iters, tau):
+            f_hat, g_hat = _hvp.ott_potentials(res, a, b)
+
+            def fn():
+                H, info = fsk.hvp_x_sqeuclid_from_potentials(
+                    x,
+                    y,
+                    f_hat,
+                    g_hat,
+                    A,
+                    eps=float(res.eps),
+                    cost_scale=1.0,
+                    tau2=tau,
+                    max_cg_iter=cg_iters,
+                    cg_rtol=0.0,
+                    cg_atol=0.0,
+                    allow_tf32=False,
+                )
+                return H, info.cg_iters
+
+            return fn
+
+        backend = "triton" if opts.device != "cpu" else "auto"  # its HVP itself is CUDA-only
+        stats = _hvp.run_case(case, size, opts, make_fn, backend, "ieee")
+        stats["peer_tau2"] = float(case.params.get("tau", _hvp.TAU))
+        stats["peer_tau_relative_uniform"] = _hvp.peer_relative_tau(
+            stats["peer_tau2"], opts.eps, size.m
+        )
+        stats["peer_note"] = (
+            "hvp_x_sqeuclid_from_potentials, OTT potentials f+eps*log(a), cost_scale=1, "
+            "allow_tf32=False, rtol=atol=0 (fixed count), damping b_hat + eps*tau2"
+        )
         return stats
 
 
