@@ -1,0 +1,150 @@
+"""The few torch.distributed patterns the sharded solver needs.
+
+Everything goes through ``torch.distributed`` collectives and point-to-point operations of the
+caller's process group (NCCL for CUDA tensors, gloo for CPU tensors); there is no
+communication layer of our own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+NO_GROUP_MESSAGE = (
+    "flashsinkhorn.distributed needs an initialised torch.distributed process group: call "
+    "torch.distributed.init_process_group (backend 'nccl' with one GPU per rank, or 'gloo' on "
+    "CPUs) in every process, e.g. under torchrun, before solving"
+)
+
+
+def require_group(group) -> None:
+    """Raises a RuntimeError when torch.distributed is unusable or not initialised."""
+    if not dist.is_available():
+        raise RuntimeError("torch.distributed is not available in this PyTorch build")
+    if not dist.is_initialized():
+        raise RuntimeError(NO_GROUP_MESSAGE)
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(
+            f"group must be a torch.distributed ProcessGroup or None, got {type(group)}"
+        )
+
+
+def comm_device(group, like: object) -> torch.device:
+    """Device the collectives of ``group`` take their tensors on.
+
+    NCCL groups need CUDA tensors on the current device, gloo groups CPU tensors; a group with
+    several backends follows the points.
+    """
+    backend = str(dist.get_backend(group))
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    if backend == "gloo" or not isinstance(like, torch.Tensor):
+        return torch.device("cpu")
+    return like.device
+
+
+class Comm:
+    """Rank bookkeeping and the collectives of one process group.
+
+    Attributes:
+        group: the process group (None is the default group).
+        rank: this process's rank in the group.
+        world: number of ranks in the group.
+        device: device of the communication buffers.
+    """
+
+    def __init__(self, group, device: torch.device):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        self.device = device
+        self.next_peer = self._global((self.rank + 1) % self.world)
+        self.prev_peer = self._global((self.rank - 1) % self.world)
+
+    def _global(self, group_rank: int) -> int:
+        return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
+
+    def all_reduce(self, t: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+        """Reduces ``t`` in place over the group and returns it."""
+        if self.world > 1:
+            dist.all_reduce(t, op=op, group=self.group)
+        return t
+
+    def all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """Gathers equally shaped tensors, one per rank, in rank order."""
+        if self.world == 1:
+            return [t]
+        out = [torch.empty_like(t) for _ in range(self.world)]
+        dist.all_gather(out, t.contiguous(), group=self.group)
+        return out
+
+    def gather_dim1(self, parts: Sequence[torch.Tensor], sizes: Sequence[Sequence[int]]):
+        """All-gathers uneven shards along dimension 1, several tensors in one collective.
+
+        Args:
+            parts: local tensors (B, n_local, ...) of one dtype; ``parts[i]`` is shard
+                ``rank`` of global tensor i.
+            sizes: ``sizes[i][r]`` is the length of shard r of tensor i.
+
+        Returns:
+            The global tensors (B, sum(sizes[i]), ...), shards concatenated in rank order.
+        """
+        if self.world == 1:
+            return [p.contiguous() for p in parts]
+        padded = []
+        for p, sz in zip(parts, sizes, strict=True):
+            pad = max(sz) - p.shape[1]
+            if pad:
+                shape = (p.shape[0], pad, *p.shape[2:])
+                p = torch.cat([p, p.new_zeros(shape)], dim=1)
+            padded.append(p.reshape(p.shape[0], -1))
+        flat = torch.cat(padded, dim=1) if len(padded) > 1 else padded[0]
+        chunks = self.all_gather(flat)
+        out = []
+        start = 0
+        for p, sz in zip(parts, sizes, strict=True):
+            row = math.prod(p.shape[2:])
+            width = max(sz) * row
+            pieces = [
+                c[:, start : start + width].reshape(p.shape[0], max(sz), *p.shape[2:])[:, : sz[r]]
+                for r, c in enumerate(chunks)
+            ]
+            out.append(torch.cat(pieces, dim=1).contiguous())
+            start += width
+        return out
+
+    def ring(
+        self,
+        local: list[torch.Tensor],
+        shapes: Callable[[int], list[tuple[tuple[int, ...], torch.dtype]]],
+        visit: Callable[[int, list[torch.Tensor]], None],
+    ) -> None:
+        """Passes every rank's buffers once around the ring, overlapping transfer and compute.
+
+        At step s this rank holds the buffers of rank ``(rank - s) mod world``: it posts their
+        non-blocking send to the next rank and the receive of the following shard from the
+        previous rank (one ``batch_isend_irecv``), calls ``visit(owner, buffers)`` meanwhile,
+        then waits for the transfer.
+
+        Args:
+            local: this rank's buffers (contiguous).
+            shapes: ``shapes(r)`` gives the (shape, dtype) of each buffer of rank r.
+            visit: called once per rank's buffers, this rank's own first.
+        """
+        owner, cur = self.rank, local
+        for step in range(self.world):
+            reqs = []
+            if step < self.world - 1:
+                src = (owner - 1) % self.world
+                nxt = [torch.empty(s, dtype=dt, device=self.device) for s, dt in shapes(src)]
+                ops = [dist.P2POp(dist.isend, t, self.next_peer, self.group) for t in cur]
+                ops += [dist.P2POp(dist.irecv, t, self.prev_peer, self.group) for t in nxt]
+                reqs = dist.batch_isend_irecv(ops)
+            visit(owner, cur)
+            for r in reqs:
+                r.wait()
+            if reqs:
+                owner, cur = src, nxt
