@@ -246,25 +246,39 @@ def prepare(
     ).unsqueeze(-1)
     Xc = Xc - centre[:, None, :]
     Yc = Yc - centre[:, None, :]
-    Xk = Yk = None
     kscale = 1.0
     if precision == "tf32" and X.dtype == torch.float32:
         kscale = grid_scale(Xc, Yc)
-        Xc, Xk = round_to_half_grid(Xc, kscale)
-        Yc, Yk = round_to_half_grid(Yc, kscale)
-    sqx = (Xc * Xc).sum(-1)
-    sqy = (Yc * Yc).sum(-1)
-    # Half-precision inputs stay half in the kernels (fp32 accumulation); norms are of the
-    # points as the kernels will read them.
-    if X.dtype in (torch.float16, torch.bfloat16):
-        Xc, Yc = Xc.to(X.dtype), Yc.to(X.dtype)
-        sqx = Xc.to(pdtype).pow(2).sum(-1)
-        sqy = Yc.to(pdtype).pow(2).sum(-1)
-    side_x = Side(Xc.contiguous(), sqx.contiguous(), wa, wa.log(), rho_x, Xk, kscale, null_a)
-    side_y = Side(Yc.contiguous(), sqy.contiguous(), wb, wb.log(), rho_y, Yk, kscale, null_b)
+    side_x = centred_side(Xc, X.dtype, wa, rho_x, precision, kscale, null_a)
+    side_y = centred_side(Yc, X.dtype, wb, rho_y, precision, kscale, null_b)
     if cost != "sqeuclidean" or labels is not None:
         side_x, side_y = _with_cost(side_x, side_y, cost, labels, sq_floor, B, pdtype)
     return Problem(side_x, side_y, batched, precision, centre)
+
+
+def centred_side(
+    xc: torch.Tensor,
+    in_dtype: torch.dtype,
+    w: torch.Tensor,
+    rho: float | None,
+    precision: str,
+    kscale: float,
+    has_null: bool,
+) -> Side:
+    """The :class:`Side` of centred points ``xc`` (potential dtype), as the kernels read them.
+
+    Precision "tf32" on float32 input rounds the points to the float16 grid of ``kscale``;
+    half-precision input stays half (fp32 accumulation in the kernels). Norms are always those
+    of the points the kernels will read.
+    """
+    xk = None
+    if precision == "tf32" and in_dtype == torch.float32:
+        xc, xk = round_to_half_grid(xc, kscale)
+    sq = (xc * xc).sum(-1)
+    if in_dtype in (torch.float16, torch.bfloat16):
+        xc = xc.to(in_dtype)
+        sq = xc.to(w.dtype).pow(2).sum(-1)
+    return Side(xc.contiguous(), sq.contiguous(), w, w.log(), rho, xk, kscale, has_null)
 
 
 def _with_cost(side_x: Side, side_y: Side, cost, labels, sq_floor, B, pdtype):

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from .. import _validation as V
 from ..backends import resolve_backend
 from ..functional import resolve_precision
-from ..problem import Side, grid_scale, round_to_half_grid
+from ..problem import Side, centred_side, grid_scale
 from ..solvers import eps_schedule
 from ..solvers.objective import _phi, side_error
 from ._comm import Comm, comm_device, require_group
@@ -158,21 +158,6 @@ def _exchange_meta(comm: Comm, failure, x, y, a, b, opts: Options | None):
     return [int(v) for v in column(2)], [int(v) for v in column(3)]
 
 
-def _make_side(xc, in_dtype, w, rho, precision, kscale, has_null) -> Side:
-    """Side of centred points, as ``problem.prepare`` builds it (TF32 grid, half dtypes)."""
-    xk = None
-    if precision == "tf32" and in_dtype == torch.float32:
-        xc, xk = round_to_half_grid(xc, kscale)
-    sq = (xc * xc).sum(-1)
-    if in_dtype in (torch.float16, torch.bfloat16):
-        xc = xc.to(in_dtype)
-        sq = xc.to(w.dtype).pow(2).sum(-1)
-    return Side(
-        x=xc.contiguous(), sq=sq.contiguous(), w=w, logw=w.log(), rho=rho, xk=xk,
-        kscale=kscale, has_null=has_null,
-    )  # fmt: skip
-
-
 def _payload(side: Side) -> list[torch.Tensor]:
     """What represents a Side on the wire: kernel points (B=1) and (2, n) norms + weights."""
     pts = side.xk if side.xk is not None else side.x
@@ -298,8 +283,8 @@ class Sharded:
         if self.precision == "tf32" and x.dtype == torch.float32:
             amax = torch.maximum(Xc.abs().max(), Yc.abs().max()).reshape(1).to(comm.device)
             kscale = grid_scale(comm.all_reduce(amax, dist.ReduceOp.MAX))
-        self.X = _make_side(Xc, x.dtype, wa, opts.rho_x, self.precision, kscale, null_a)
-        self.Y = _make_side(Yc, x.dtype, wb, opts.rho_y, self.precision, kscale, null_b)
+        self.X = centred_side(Xc, x.dtype, wa, opts.rho_x, self.precision, kscale, null_a)
+        self.Y = centred_side(Yc, x.dtype, wb, opts.rho_y, self.precision, kscale, null_b)
         diameter = opts.diameter
         if opts.scaling is not None and diameter is None:
             diameter = self.global_diameter(self.X.x, self.Y.x)
