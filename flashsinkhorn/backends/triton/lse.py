@@ -87,7 +87,8 @@ def _label_rows(Rlab, Lcost, o_vr, m_m, n_lab, LABELS: tl.constexpr):
 @triton.jit
 def _label_tile(Lcost, b_lr, b_w0, b_w1, Clab, o_vc, m_m, m_n, n_lab, lscale,
                 LABELS: tl.constexpr):  # fmt: skip
-    # label_weight · W[l_i, l_j] for one tile.
+    # label_weight · W[l_i, l_j] for one tile, in fp32. One return statement: Triton 3.6
+    # type-checks every return of a function, constexpr-dead ones included.
     b_lc = tl.load(Clab + o_vc, mask=m_n, other=0)
     if LABELS >= 16:
         # On chip: a tensor-core product of the staged rows W[l_i, :] with the one-hot matrix
@@ -95,14 +96,15 @@ def _label_tile(Lcost, b_lr, b_w0, b_w1, Clab, o_vc, m_m, m_n, n_lab, lscale,
         # parts give W to 22 bits without a scattered load per score.
         b_hot = (tl.arange(0, LABELS)[:, None] == b_lc[None, :]).to(tl.float16)
         b_lab = tl.dot(b_w0, b_hot)
-        b_lab = tl.dot(b_w1, b_hot, b_lab)
-        return b_lab * lscale
-    # Any V: a gather from the V × V table (it stays in L1/L2).
-    return tl.load(
-        Lcost + b_lr[:, None] + b_lc.to(tl.int64)[None, :],
-        mask=m_m[:, None] & m_n[None, :],
-        other=0.0,
-    )
+        b_lab = tl.dot(b_w1, b_hot, b_lab) * lscale
+    else:
+        # Any V: a gather from the V × V table (fp32; it stays in L1/L2).
+        b_lab = tl.load(
+            Lcost + b_lr[:, None] + b_lc.to(tl.int64)[None, :],
+            mask=m_m[:, None] & m_n[None, :],
+            other=0.0,
+        ).to(tl.float32)
+    return b_lab
 
 
 @triton.jit
