@@ -25,3 +25,13 @@ __all__ = [
 from .hessian import HessianOperator, HVPResult, hessian_operator, hvp  # noqa: E402
 
 __all__ += ["HVPResult", "HessianOperator", "hessian_operator", "hvp"]
+
+# OTDD (optimal transport dataset distance): flashsinkhorn.otdd.
+from . import otdd  # noqa: E402
+
+__all__ += ["otdd"]
+
+# One problem sharded over a torch.distributed process group: flashsinkhorn.distributed.
+from . import distributed  # noqa: E402
+
+__all__ += ["distributed"]

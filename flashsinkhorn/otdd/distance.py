@@ -1,0 +1,219 @@
+"""The optimal transport dataset distance (OTDD) between two labelled datasets.
+
+Cost between labelled points z = (x, ℓ) and z' = (y, ℓ'):
+
+    C(z, z') = feature_weight · ‖x − y‖² + label_weight · W[ℓ, ℓ'],
+
+with W the class-to-class distance matrix over the union of both label sets
+(:func:`class_distance_matrix`). The distance is the debiased Sinkhorn divergence of the two
+datasets under this cost: three streaming solves whose kernels look W up per tile.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _validation as V
+from ..losses import sinkhorn_divergence
+from ._labels import (
+    check_class_weights,
+    check_cloud,
+    check_labels,
+    check_num_classes,
+    check_pair,
+)
+from .class_distance import class_distance_matrix
+
+_W_OPTIONS = (
+    "eps", "n_iters", "tol", "check_every", "schedule", "scaling", "diameter", "backend",
+    "precision", "check_finite", "max_batch_elements", "progress",
+)  # fmt: skip
+
+
+def augment_labels(
+    l1: torch.Tensor, l2: torch.Tensor, num_classes: tuple[int, int] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Labels of both datasets as indices into the union W of :func:`class_distance_matrix`.
+
+    Args:
+        l1: (n1,) integer labels of dataset 1, in 0 .. V1-1.
+        l2: (n2,) integer labels of dataset 2, in 0 .. V2-1.
+        num_classes: (V1, V2); default None: (max(l1) + 1, max(l2) + 1).
+
+    Returns:
+        ``(l1, l2 + V1)`` as int64 tensors: the ``label_x`` / ``label_y`` to pass to
+        :func:`flashsinkhorn.sinkhorn` (or ``ot_cost``, ``sinkhorn_divergence``) together with
+        ``label_cost=W``.
+
+    Raises:
+        ValueError, TypeError: labels that are not 1-D integer tensors of class indices.
+    """
+    v1, v2 = check_num_classes(num_classes)
+    V1 = check_labels("l1", l1, None, v1)
+    check_labels("l2", l2, None, v2)
+    if l1.device != l2.device:
+        raise ValueError(f"l1 and l2 must be on the same device, got {l1.device} and {l2.device}")
+    return l1.long(), l2.long() + V1
+
+
+def otdd_distance(
+    x1: torch.Tensor,
+    l1: torch.Tensor,
+    x2: torch.Tensor,
+    l2: torch.Tensor,
+    *,
+    eps: float,
+    a1: torch.Tensor | None = None,
+    a2: torch.Tensor | None = None,
+    feature_weight: float = 1.0,
+    label_weight: float = 1.0,
+    label_cost: torch.Tensor | None = None,
+    num_classes: tuple[int, int] | None = None,
+    differentiable_w: bool = False,
+    w_options: dict | None = None,
+    n_iters: int = 1000,
+    tol: float | None = 1e-3,
+    check_every: int = 10,
+    schedule: str = "symmetric",
+    scaling: float | None = None,
+    diameter: float | None = None,
+    backend: str = "auto",
+    precision: str = "auto",
+    check_finite: bool = True,
+    progress: bool = False,
+) -> torch.Tensor:
+    """Debiased OTDD between two labelled datasets, differentiable w.r.t. the points.
+
+    OTDD = S_eps(D1, D2) = OT(D1, D2) − ½ OT(D1, D1) − ½ OT(D2, D2) with the label-augmented
+    cost ``feature_weight · ‖x − y‖² + label_weight · W[ℓ, ℓ']``; the self terms pair each
+    dataset's labels with themselves, which is why W covers the union of the label sets
+    (index k for class k of dataset 1, V1 + k' for class k' of dataset 2; see
+    :func:`class_distance_matrix`).
+
+    Gradients: w.r.t. ``x1``, ``x2`` (and ``a1``, ``a2``) by the envelope theorem of the
+    three solves. When W is built here it is, by default, a constant (detached): the
+    gradient is that of the feature term at fixed class distances — the cheap choice, with no
+    graph through the V² class problems. ``differentiable_w=True`` also differentiates
+    through W (its class problems keep their solver state for the backward; see
+    ``class_distance_matrix(differentiable=True)``), giving the total derivative of the
+    distance w.r.t. the points. A caller-supplied ``label_cost`` that requires grad receives
+    its gradient (the plan's mass per class pair, times ``label_weight``).
+
+    Args:
+        x1: (n1, d) points of dataset 1.
+        l1: (n1,) integer labels of dataset 1, in 0 .. V1-1.
+        x2: (n2, d) points of dataset 2, same dtype and device as ``x1``.
+        l2: (n2,) integer labels of dataset 2, in 0 .. V2-1.
+        eps: entropic regularisation of the outer problems (units of the augmented cost);
+            also that of the class problems unless ``w_options`` sets another.
+        a1: (n1,) probability weights of dataset 1; default None: uniform 1/n1.
+        a2: (n2,) probability weights of dataset 2; default None: uniform 1/n2.
+        feature_weight: λ1 >= 0, weight of ‖x − y‖². Default 1.0 (the paper uses 0.5).
+        label_weight: λ2 >= 0, weight of W[ℓ, ℓ']. Default 1.0 (the paper uses 0.5).
+        label_cost: a precomputed (V1 + V2, V1 + V2) W in the layout above; default None:
+            built with :func:`class_distance_matrix` (from ``a1``, ``a2`` and the solver
+            options below, overridden by ``w_options``).
+        num_classes: (V1, V2); default None: (max(l1) + 1, max(l2) + 1).
+        differentiable_w: differentiate through a W built here. Default False (W detached).
+        w_options: options of the W builder that differ from the outer ones (keys ``eps``,
+            ``n_iters``, ``tol``, ``check_every``, ``schedule``, ``scaling``, ``diameter``,
+            ``backend``, ``precision``, ``check_finite``, ``max_batch_elements``,
+            ``progress``). Default None.
+        n_iters: iterations per solve (the maximum when ``tol`` is set). Default 1000.
+        tol: marginal-error tolerance; None runs exactly ``n_iters`` iterations. Default 1e-3.
+        check_every: iterations between convergence tests. Default 10.
+        schedule: "symmetric" or "alternating". Default "symmetric".
+        scaling: None or an eps-annealing factor in (0, 1). Default None.
+        diameter: annealing start; default None: estimated from both datasets.
+        backend: "auto", "torch" or "triton". Default "auto".
+        precision: "auto", "ieee", "tf32" or "tf32x3". Default "auto".
+        check_finite: check points for NaN/inf. Default True.
+        progress: tqdm progress bar while W is built (needs ``tqdm``). Default False.
+
+    Returns:
+        A 0-d tensor, float32 (float64 for float64 points).
+
+    Raises:
+        ValueError, TypeError: for invalid arguments, naming the argument.
+    """
+    check_cloud("x1", x1)
+    check_cloud("x2", x2)
+    check_pair("x1", x1, "x2", x2)
+    v1, v2 = check_num_classes(num_classes)
+    V1 = check_labels("l1", l1, x1, v1)
+    V2 = check_labels("l2", l2, x2, v2)
+    check_class_weights("a1", a1, x1)
+    check_class_weights("a2", a2, x2)
+    fw = _check_weight("feature_weight", feature_weight)
+    lw = _check_weight("label_weight", label_weight)
+    if not isinstance(differentiable_w, bool):
+        raise TypeError(f"differentiable_w must be a bool, got {type(differentiable_w).__name__}")
+    # The outer solver options, checked before W is built (the solver checks them again).
+    V.check_positive("eps", eps)
+    V.check_int("n_iters", n_iters, 1)
+    V.check_positive("tol", tol, allow_none=True)
+    V.check_int("check_every", check_every, 1)
+    V.check_choice("schedule", schedule, V.SCHEDULES)
+    V.check_scaling(scaling)
+    V.check_positive("diameter", diameter, allow_none=True)
+    V.check_choice("backend", backend, V.BACKENDS)
+    V.check_choice("precision", precision, V.PRECISIONS)
+    outer = dict(
+        eps=eps, n_iters=n_iters, tol=tol, check_every=check_every, schedule=schedule,
+        scaling=scaling, diameter=diameter, backend=backend, precision=precision,
+        check_finite=check_finite,
+    )  # fmt: skip
+
+    if label_cost is None:
+        opts = dict(outer, progress=progress)
+        if w_options is not None:
+            if not isinstance(w_options, dict):
+                raise TypeError(f"w_options must be a dict or None, got {type(w_options)}")
+            unknown = sorted(set(w_options) - set(_W_OPTIONS))
+            if unknown:
+                raise ValueError(
+                    f"w_options got unknown keys {unknown}; allowed: {', '.join(_W_OPTIONS)}"
+                )
+            opts.update(w_options)
+        label_cost = class_distance_matrix(
+            x1, l1, x2, l2, a1=a1, a2=a2, num_classes=(V1, V2),
+            differentiable=differentiable_w, **opts,
+        )  # fmt: skip
+    else:
+        _check_label_cost(label_cost, V1 + V2, x1)
+        if w_options is not None or differentiable_w:
+            raise ValueError(
+                "w_options and differentiable_w apply to a W built here; they must be left "
+                "unset when label_cost is given"
+            )
+    return sinkhorn_divergence(
+        x1, x2, a1, a2, label_x=l1, label_y=l2.long() + V1, label_cost=label_cost,
+        feature_weight=fw, label_weight=lw, **outer,
+    )  # fmt: skip
+
+
+def _check_weight(name: str, w: object) -> float:
+    if isinstance(w, bool) or not isinstance(w, (int, float)):
+        raise TypeError(f"{name} must be a finite number >= 0, got {type(w).__name__}")
+    w = float(w)
+    if not (w >= 0 and w < float("inf")):
+        raise ValueError(f"{name} must be finite and >= 0, got {w}")
+    return w
+
+
+def _check_label_cost(W: object, size: int, x: torch.Tensor) -> None:
+    if not isinstance(W, torch.Tensor):
+        raise TypeError(
+            f"label_cost must be a torch.Tensor (V1 + V2, V1 + V2) or None, got {type(W)}"
+        )
+    if not W.is_floating_point():
+        raise TypeError(f"label_cost must have a real floating dtype, got {W.dtype}")
+    if W.shape != (size, size):
+        raise ValueError(
+            f"label_cost must have shape (V1 + V2, V1 + V2) = ({size}, {size}) for the union "
+            f"of the label sets, got {tuple(W.shape)}"
+        )
+    if W.device != x.device:
+        raise ValueError(
+            f"label_cost must be on the device of the points ({x.device}), got {W.device}"
+        )
