@@ -19,13 +19,16 @@ def test_triton_hvp_matches_float64_torch(wrt):
     x, y, a, b = problem(1537, 1023, 17, seed=0, dtype=torch.float32)
     own = x if wrt == "x" else y
     A = torch.randn(own.shape, generator=torch.Generator().manual_seed(1))
-    opts = dict(eps=0.25, tau=1e-5, cg_tol=1e-6, tol=1e-5, wrt=wrt)
+    opts = dict(eps=0.25, tau=1e-5, tol=1e-5, wrt=wrt)
     ref = fs.hvp(x.double(), y.double(), A.double(), a.double(), b.double(), backend="torch",
-                 **opts)  # fmt: skip
+                 cg_tol=1e-9, **opts)  # fmt: skip
     for precision, bound in (("ieee", 1e-4), ("tf32", 1e-2)):
         cu = [t.cuda() for t in (x, y, A, a, b)]
+        # fp32 cannot drive the *true* Schur residual below ~1e-3 at tau = 1e-5 (measured on
+        # the H200: it stalls at 8e-4 after 500 iterations): S w cancels between its two
+        # terms for the weakly damped directions. The HVP itself is what is checked below.
         out = fs.hvp(cu[0], cu[1], cu[2], cu[3], cu[4], backend="triton", precision=precision,
-                     **opts)  # fmt: skip
+                     cg_tol=2e-3, **opts)  # fmt: skip
         assert out.hvp.is_cuda and out.converged
         assert rel(out.hvp.double().cpu(), ref.hvp) <= bound, precision
 

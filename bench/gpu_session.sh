@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One GPU call for the cost, label and OTDD work (see bench/README.md):
+#   1. every gpu-marked test outside tests/mhc (mHC has bench/gpu_mhc.sh) -> $OUT/gpu_tests.log
+#   2. fwd at 10k x 10k, d = 64: squared Euclidean and every other cost   -> $OUT/<gpu>.json
+#   3. bench/bench_otdd.py (memory, time against a tensorized reference, W builder)
+#   4. bench/dev/transport_probe.py (transport tile shapes for the HVP)
+#   5. a short table
+# Environment: OUT (default ./out), STAGES (default "tests,fwd,otdd,probe").
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-./out}"
+STAGES="${STAGES:-tests,fwd,otdd,probe}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+SECONDS=0
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl
+    export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+else
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+has() { [[ ",$STAGES," == *",$1,"* ]]; }
+rc_tests=skipped; rc_fwd=skipped; rc_otdd=skipped; rc_probe=skipped
+if has tests; then
+    echo "=== gpu tests [${SECONDS} s]"
+    timeout 330 python3 -m pytest -q -m gpu tests --ignore=tests/mhc -p no:cacheprovider -rfE \
+        2>&1 | tee "$OUT/gpu_tests.log" | tail -40
+    rc_tests=${PIPESTATUS[0]}
+fi
+if has fwd; then
+    echo "=== fwd, other costs [${SECONDS} s]"
+    m=flashsinkhorn-sym-tf32
+    for c in euclidean cosine mahalanobis labels; do m="$m,flashsinkhorn-cost-$c-tf32"; done
+    timeout 120 python3 bench/run.py --cases fwd --providers ours --sizes 10000x64 \
+        --methods "$m" --out "$OUT" > "$OUT/fwd_costs.log" 2>&1
+    rc_fwd=$?
+    tail -12 "$OUT/fwd_costs.log"
+fi
+if has otdd; then
+    echo "=== otdd [${SECONDS} s]"
+    timeout 170 python3 bench/bench_otdd.py --out "$OUT" 2>&1 | tail -25
+    rc_otdd=${PIPESTATUS[0]}
+fi
+if has probe; then
+    echo "=== transport probe [${SECONDS} s]"
+    timeout 150 python3 bench/dev/transport_probe.py --out "$OUT" 2>&1 | tail -20
+    rc_probe=${PIPESTATUS[0]}
+fi
+echo "=== [${SECONDS} s] tests rc=$rc_tests fwd rc=$rc_fwd otdd rc=$rc_otdd probe rc=$rc_probe"
+tail -3 "$OUT/gpu_tests.log" 2>/dev/null || true
