@@ -4,7 +4,7 @@ Protocol (docs/mhc.md): fp32, 20 iterations, median of triton.testing.do_bench a
 compilation excluded from the timed region (first-call time reported separately), baselines
 measured in the same run. Writes bench/results/mhc_<gpu>.json (and into --out if given).
 
-    python bench/bench_mhc.py            # full run (H100: about 3 minutes)
+    python bench/bench_mhc.py            # full run (H200: ~2 minutes once the kernels are compiled)
     python bench/bench_mhc.py --quick    # small sizes, for a smoke test
 """
 
@@ -54,48 +54,77 @@ def bench_projection(sizes, sweep, baselines):
         torch.cuda.empty_cache()
 
 
+# Candidates of the small path: (generator options (keep_a, prefetch, pair), launch config
+# (matrices per program, warps[, maxnreg])). The first of each list is the library default.
+FWD_CANDS = [
+    ((8, True, False), (256, 8)),
+    ((8, True, False), (128, 4)),
+    ((8, True, True), (256, 8)),
+    ((8, True, True), (128, 4)),
+]
+BWD_CANDS = [
+    ((8, True, False), (64, 2)),
+    ((8, True, False), (64, 2, 128)),
+    ((20, True, False), (64, 2, 128)),
+    ((8, True, True), (64, 2)),
+    ((20, True, True), (64, 2, 128)),
+]
+
+
+def _cand_name(variant, opts, cfg):
+    keep_a, _, pair = opts
+    extra = f"|keep{keep_a}" + ("|pair" if pair else "")
+    return f"triton_{variant}[{'x'.join(map(str, cfg))}{extra}]"
+
+
+def _with(opts, cfg_key, cfg, fn):
+    old_opts, old_cfg = sk_triton.SMALL_BWD_OPTS, sk_triton.SMALL_CONFIG[cfg_key]
+    sk_triton.SMALL_BWD_OPTS, sk_triton.SMALL_CONFIG[cfg_key] = opts, cfg
+    try:
+        return fn()
+    finally:
+        sk_triton.SMALL_BWD_OPTS, sk_triton.SMALL_CONFIG[cfg_key] = old_opts, old_cfg
+
+
+def precompile(share, n_shares):
+    """Compiles this share of the candidate kernels (fills Triton's cache; run several at once
+    while the tests run: the unrolled backward takes ~20 s of CPU to compile)."""
+    jobs = [("fwd", v, o, c) for v in ("log",) for o, c in FWD_CANDS]
+    jobs += [("bwd", "log", o, c) for o, c in BWD_CANDS]
+    jobs += [("fwd", "deepseek", *FWD_CANDS[0]), ("bwd", "deepseek", *BWD_CANDS[0])]
+    m = torch.randn(4096, 4, 4, device="cuda")
+    for k, (kind, variant, opts, cfg) in enumerate(jobs):
+        if k % n_shares != share:
+            continue
+        if kind == "fwd":
+            _with(opts, "fwd", cfg, lambda v=variant: sk_triton.sk_forward_triton(m, 20, v, 1e-6))
+        else:
+            _with(
+                opts, "bwd", cfg, lambda v=variant: sk_triton.sk_backward_triton(m, m, 20, v, 1e-6)
+            )
+    torch.cuda.synchronize()
+
+
 def _bench_projection_size(B, sweep, baselines):
     n, iters = 4, 20
     m = torch.randn(B, n, n, device="cuda") * 3
     g = torch.randn(B, n, n, device="cuda")
-    # our kernels, over a few (matrices per program, warps) configurations
-    fwd_cfgs = (
-        [(128, 4), (256, 4), (256, 8), (512, 8)] if sweep else [sk_triton.SMALL_CONFIG["fwd"]]
-    )
-    bwd_cfgs = [(64, 2), (128, 4), (256, 8)] if sweep else [sk_triton.SMALL_CONFIG["bwd"]]
-    default = dict(sk_triton.SMALL_CONFIG)
+    # our kernels: generator options and launch configurations (FWD_CANDS, BWD_CANDS)
     for variant in ("log", "deepseek"):
-        for cfg in fwd_cfgs:
-            sk_triton.SMALL_CONFIG["fwd"] = cfg
+        fwd_c = FWD_CANDS if sweep and variant == "log" else FWD_CANDS[:1]
+        bwd_c = BWD_CANDS if sweep and variant == "log" else BWD_CANDS[:1]
+        for opts, cfg in fwd_c:
             fn = lambda v=variant: sk_triton.sk_forward_triton(m, iters, v, 1e-6)  # noqa: E731
-            first = _first_call(fn)
-            ms = _bench(fn)
-            _row(
-                "mhc_fwd",
-                B,
-                n,
-                iters,
-                f"triton_{variant}[{cfg[0]}x{cfg[1]}w]",
-                ms,
-                128 * B,
-                first_call_s=round(first, 2),
-            )
-        for cfg in bwd_cfgs:
-            sk_triton.SMALL_CONFIG["bwd"] = cfg
+            first = _with(opts, "fwd", cfg, lambda fn=fn: _first_call(fn))
+            ms = _with(opts, "fwd", cfg, lambda fn=fn: _bench(fn))
+            name = _cand_name(variant, opts, cfg)
+            _row("mhc_fwd", B, n, iters, name, ms, 128 * B, first_call_s=round(first, 2))
+        for opts, cfg in bwd_c:
             fn = lambda v=variant: sk_triton.sk_backward_triton(m, g, iters, v, 1e-6)  # noqa: E731
-            first = _first_call(fn)
-            ms = _bench(fn)
-            _row(
-                "mhc_bwd",
-                B,
-                n,
-                iters,
-                f"triton_{variant}[{cfg[0]}x{cfg[1]}w]",
-                ms,
-                192 * B,
-                first_call_s=round(first, 2),
-            )
-        sk_triton.SMALL_CONFIG.update(default)
+            first = _with(opts, "bwd", cfg, lambda fn=fn: _first_call(fn))
+            ms = _with(opts, "bwd", cfg, lambda fn=fn: _bench(fn))
+            name = _cand_name(variant, opts, cfg)
+            _row("mhc_bwd", B, n, iters, name, ms, 192 * B, first_call_s=round(first, 2))
     # general path at n = 4 for comparison (one matrix per program)
     fn = lambda: sk_triton.sk_forward_triton(m, iters, "log", 1e-6, "general")  # noqa: E731
     _first_call(fn)
@@ -148,20 +177,53 @@ def _bench_projection_size(B, sweep, baselines):
         )
 
 
-def bench_layer(tokens, C, n=4, iters=20):
+LAYER_VARIANTS = {
+    # name: (FUSED_DX, DX_CFG, DPHI_CFG); None = library default
+    "triton_tf32": None,
+    "triton_tf32[dx 64x32x8w]": (True, (64, 32, 8), None),
+    "triton_tf32[dx 32x64x8w]": (True, (32, 64, 8), None),
+    "triton_tf32[dphi 128x64x8w]": (True, None, (128, 64, 8, 4)),
+    "triton_tf32[old schedule]": (False, None, None),
+}
+
+
+def _layer_setup(spec):
+    from flashsinkhorn.mhc import layer as L
+
+    saved = (L.FUSED_DX, L.DX_CFG, L.DPHI_CFG)
+    if spec is not None:
+        fused, dx, dphi = spec
+        L.FUSED_DX = fused
+        L.DX_CFG = dx or L.DX_CFG
+        L.DPHI_CFG = dphi or L.DPHI_CFG
+    return saved
+
+
+def _layer_restore(saved):
+    from flashsinkhorn.mhc import layer as L
+
+    L.FUSED_DX, L.DX_CFG, L.DPHI_CFG = saved
+
+
+def bench_layer(tokens, C, n=4, iters=20, out=None, sweep=True):
     torch.manual_seed(0)
     x = torch.randn(tokens, n, C, device="cuda")
     gout = torch.randn(tokens, n, C, device="cuda")
-    mods = {}
-    for prec in ("tf32", "ieee"):
-        mods[f"triton_{prec}"] = HyperConnection(C, n, n_iters=iters, gemm_precision=prec).cuda()
+    tf32 = HyperConnection(C, n, n_iters=iters, gemm_precision="tf32").cuda()
+    ieee = HyperConnection(C, n, n_iters=iters, gemm_precision="ieee").cuda()
+    ieee.load_state_dict(tf32.state_dict())
     ref = HyperConnectionReference(C, n, n_iters=iters).cuda()
-    ref.load_state_dict(mods["triton_tf32"].state_dict())
-    mods["torch_reference"] = ref
-    # Minimum traffic of fwd+bwd with the kernels' schedule (see docs/mhc.md), fp32:
-    # fwd 4.5 passes over X-sized data, bwd 8 (X-sized = T·n·C·4 bytes).
+    ref.load_state_dict(tf32.state_dict())
+    runs = [("torch_reference", ref, None)]
+    for name, spec in LAYER_VARIANTS.items():
+        if sweep or spec is None:
+            runs.append((name, tf32, spec))
+    runs.append(("triton_ieee", ieee, None))
+    # Traffic of both backward schedules (docs/performance.md, mHC): fwd 4.5 passes over X-sized
+    # data, bwd 8 (X-sized = T·n·C·4 bytes).
     xb = tokens * n * C * 4
-    for name, mod in mods.items():
+    for name, mod, spec in runs:
+        saved = _layer_setup(spec)
         xr = x.clone().requires_grad_(True)
         params = list(mod.parameters())
 
@@ -170,14 +232,18 @@ def bench_layer(tokens, C, n=4, iters=20):
                 mod(xr)
 
         def fwd_bwd(mod=mod, xr=xr, params=params):
-            out = mod(xr)
-            torch.autograd.grad(out, [xr, *params], gout)
+            o = mod(xr)
+            torch.autograd.grad(o, [xr, *params], gout)
 
-        first = _first_call(fwd_bwd)
-        torch.cuda.reset_peak_memory_stats()
-        ms_fb = _bench(fwd_bwd, 5, 30)
-        peak = torch.cuda.max_memory_allocated() / 2**30
-        ms_f = _bench(fwd, 5, 30)
+        try:
+            first = _first_call(fwd_bwd)
+            torch.cuda.reset_peak_memory_stats()
+            ms_fb = _bench(fwd_bwd, 20, 150)
+            peak = torch.cuda.max_memory_allocated() / 2**30
+            ms_f = _bench(fwd, 10, 60)
+        finally:
+            _layer_restore(saved)
+        passes = 12.5
         _row("mhc_layer", tokens, n, iters, f"{name}_fwd", ms_f, int(4.5 * xb), C=C)
         _row(
             "mhc_layer",
@@ -186,15 +252,55 @@ def bench_layer(tokens, C, n=4, iters=20):
             iters,
             f"{name}_fwd+bwd",
             ms_fb,
-            int(12.5 * xb),
+            int(passes * xb),
             C=C,
             peak_gib=round(peak, 2),
             first_call_s=round(first, 2),
         )
     by = {r["method"]: r["ms"] for r in ROWS if r["case"] == "mhc_layer"}
-    for prec in ("tf32", "ieee"):
-        ratio = by["torch_reference_fwd+bwd"] / by[f"triton_{prec}_fwd+bwd"]
-        print(f"layer fwd+bwd speed-up vs the PyTorch reference ({prec}): {ratio:.2f}x")
+    for name, _, _ in runs[1:]:
+        ratio = by["torch_reference_fwd+bwd"] / by[f"{name}_fwd+bwd"]
+        print(f"layer fwd+bwd speed-up vs the PyTorch reference ({name}): {ratio:.2f}x")
+    # where the time goes: per-kernel CUDA time of the default tf32 layer, 3 fwd+bwd
+    try:
+        _layer_profile(tf32, x, gout, out)
+    except Exception as e:  # noqa: BLE001 - the profile is a diagnostic, never fatal
+        print("layer profile failed:", e)
+
+
+def _layer_profile(mod, x, gout, out):
+    from torch.profiler import ProfilerActivity, profile
+
+    xr = x.clone().requires_grad_(True)
+    params = list(mod.parameters())
+    o = mod(xr)
+    torch.autograd.grad(o, [xr, *params], gout)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            o = mod(xr)
+            torch.autograd.grad(o, [xr, *params], gout)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(
+        sort_by="cuda_time_total", row_limit=14, max_name_column_width=40
+    )
+    print(table)
+    if out:
+        with open(os.path.join(out, "mhc_layer_profile.txt"), "w") as fh:
+            fh.write(table)
+
+
+def _summary():
+    """Short table, printed last: fastest rows of each (case, B) and the layer rows."""
+    print("\n==== summary (ms; GB/s at the counted bytes) ====")
+    groups = {}
+    for r in ROWS:
+        groups.setdefault((r["case"], r["B"]), []).append(r)
+    for (case, B), rows in groups.items():
+        keep = rows if case == "mhc_layer" else sorted(rows, key=lambda r: r["ms"])[:4]
+        for r in keep:
+            bw = "" if r["gbps"] is None else f"{r['gbps']:7.0f}"
+            print(f"{case:9s} B={B:<9d} {r['method']:44s} {r['ms']:9.4f} {bw}")
 
 
 def main():
@@ -202,18 +308,24 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=None)
     ap.add_argument("--skip-layer", action="store_true")
+    ap.add_argument("--precompile", default=None, help="I/N: compile share I of N candidates")
     args = ap.parse_args()
+    if args.precompile:
+        i, k = map(int, args.precompile.split("/"))
+        precompile(i, k)
+        return
     name = torch.cuda.get_device_name()
     m = re.search(r"(H100|H200|A100|L40S|B200|GH200)", name)
     gpu = m.group(1).lower() if m else re.sub(r"\W+", "_", name).lower()
     if args.quick:
         bench_projection([2**14], sweep=False, baselines=True)
         if not args.skip_layer:
-            bench_layer(512, 256)
+            bench_layer(512, 256, out=args.out, sweep=False)
     else:
         bench_projection([2**20, 2**24], sweep=True, baselines=True)
         if not args.skip_layer:
-            bench_layer(16 * 2048, 4096)
+            bench_layer(16 * 2048, 4096, out=args.out)
+    _summary()
     res = {"device": name, "torch": torch.__version__, "triton": triton.__version__, "rows": ROWS}
     outs = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")]
     if args.out:

@@ -9,8 +9,10 @@ transpose).
 The Triton path is two autograd Functions. ``_HCPre`` maps (X, φ, alphas, bias) to
 (u, H_post, H_res) and also returns X itself so that ``_HCPost`` (the residual update) takes
 its X through ``_HCPre``: the gradient that the residual update sends to X then arrives in
-``_HCPre.backward``, which folds it into the single kernel that writes dX (no separate
-accumulation pass over an (T, n, C) tensor).
+``_HCPre.backward``, which folds it into the kernel that writes dX (no separate accumulation
+pass over an (T, n, C) tensor). With ``FUSED_DX`` (default) what travels along that edge is
+dX_next itself, not H_resᵀ·dX_next: ``_HCPre.backward`` applies H_resᵀ inside the dX kernel,
+so the X alias must have no other consumer (it is internal to ``HyperConnection.forward``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,16 @@ from .sk_triton import sk_backward_triton, sk_forward_triton
 __all__ = ["HyperConnection"]
 
 _SMS: dict = {}
+# Backward schedule. True: the residual update's backward hands dX_next itself on as the
+# gradient of the X alias, and _hc_dx_kernel applies H_resᵀ while it writes dX (dX_res never
+# goes through HBM); dφ = xᵀ·dh is a separate pass over X (_hc_dphi_kernel). False: the
+# residual backward writes dX_res = H_resᵀ·dX_next and one K-major pass reads it back and
+# computes dX and dφ together (_hc_input_bwd_kernel).
+FUSED_DX = True
+# (token block, channel block, warps) of _hc_dx_kernel; (token block, K block, warps, programs
+# per SM) of _hc_dphi_kernel.
+DX_CFG = (32, 32, 4)
+DPHI_CFG = (64, 64, 4, 4)
 
 
 def _num_sms(device: torch.device) -> int:
@@ -106,14 +118,15 @@ class _HCPre(torch.autograd.Function):
         u = torch.empty((T, C), device=dev, dtype=x.dtype)
         BC = min(1024, triton.next_power_of_2(C))
         K._hc_premix_kernel[(T, triton.cdiv(C, BC))](x, coef, u, n, C, NS=NS, BC=BC)
-        ctx.save_for_backward(x, phi, a_pre, a_post, a_res, y_raw, r, coef, res_logits)
+        ctx.save_for_backward(x, phi, a_pre, a_post, a_res, y_raw, r, coef, res_logits, h_res)
         ctx.cfg = cfg
+        ctx.fused = FUSED_DX
         h_post = coef[:, n:]
         return u, h_post, h_res, x.view_as(x)
 
     @staticmethod
     def backward(ctx, du, dh_post, dh_res, dx_res):
-        x, phi, a_pre, a_post, a_res, y_raw, r, coef, res_logits = ctx.saved_tensors
+        x, phi, a_pre, a_post, a_res, y_raw, r, coef, res_logits, h_res = ctx.saved_tensors
         n_iters, variant, eps, rms_eps, prec = ctx.cfg
         T, n, C = x.shape
         Kd = n * C
@@ -151,32 +164,76 @@ class _HCPre(torch.autograd.Function):
         dr = -(dz * alpha * y_raw).sum(1) * inv_r[:, 0] ** 2
         rcoef = (dr / (Kd * r)).contiguous()
         dx = torch.empty_like(x)
-        BM, BK = 32, 64
-        k_progs = triton.cdiv(Kd, BK)
-        n_tsplit = max(1, min(triton.cdiv(T, BM), triton.cdiv(2 * _num_sms(dev), k_progs)))
-        dphi_part = torch.empty((n_tsplit, Kd, NP), device=dev, dtype=torch.float32)
-        K._hc_input_bwd_kernel[(triton.cdiv(Kd, BK), n_tsplit)](
-            x,
-            dx_res,
-            du,
-            coef,
-            dy,
-            rcoef,
-            phi,
-            dx,
-            dphi_part,
-            T,
-            Kd,
-            N,
-            n,
-            C,
-            n_tsplit,
-            BM=BM,
-            BK=BK,
-            NP=NP,
-            PREC=prec,
-            num_warps=4,
-        )
+        if ctx.fused:
+            # dx_res is dX_next here (see _HCPost.backward).
+            BM, BCX, warps = DX_CFG
+            K._hc_dx_kernel[(triton.cdiv(T, BM), triton.cdiv(C, BCX))](
+                x,
+                dx_res,
+                du,
+                coef,
+                h_res,
+                dy,
+                rcoef,
+                phi,
+                dx,
+                T,
+                Kd,
+                N,
+                n,
+                C,
+                BM=BM,
+                BC=BCX,
+                NS=NS,
+                NP=NP,
+                PREC=prec,
+                num_warps=warps,
+            )
+            BMP, BKP, warps, per_sm = DPHI_CFG
+            k_progs = triton.cdiv(Kd, BKP)
+            n_fill = triton.cdiv(per_sm * _num_sms(dev), k_progs)
+            n_tsplit = max(1, min(triton.cdiv(T, BMP), n_fill))
+            dphi_part = torch.empty((n_tsplit, Kd, NP), device=dev, dtype=torch.float32)
+            K._hc_dphi_kernel[(k_progs, n_tsplit)](
+                x,
+                dy,
+                dphi_part,
+                T,
+                Kd,
+                n_tsplit,
+                BM=BMP,
+                BK=BKP,
+                NP=NP,
+                PREC=prec,
+                num_warps=warps,
+            )
+        else:
+            BM, BK = 32, 64
+            k_progs = triton.cdiv(Kd, BK)
+            n_tsplit = max(1, min(triton.cdiv(T, BM), triton.cdiv(2 * _num_sms(dev), k_progs)))
+            dphi_part = torch.empty((n_tsplit, Kd, NP), device=dev, dtype=torch.float32)
+            K._hc_input_bwd_kernel[(triton.cdiv(Kd, BK), n_tsplit)](
+                x,
+                dx_res,
+                du,
+                coef,
+                dy,
+                rcoef,
+                phi,
+                dx,
+                dphi_part,
+                T,
+                Kd,
+                N,
+                n,
+                C,
+                n_tsplit,
+                BM=BM,
+                BK=BK,
+                NP=NP,
+                PREC=prec,
+                num_warps=4,
+            )
         dphi = dphi_part.sum(0)[:, :N].to(phi.dtype)
         return (
             dx,
@@ -200,6 +257,7 @@ class _HCPost(torch.autograd.Function):
         BC = min(512, triton.next_power_of_2(C))
         K._hc_residual_kernel[(T, triton.cdiv(C, BC))](x, f, coef, h_res, out, n, C, NS=NS, BC=BC)
         ctx.save_for_backward(x, f, coef, h_res)
+        ctx.fused = FUSED_DX
         return out
 
     @staticmethod
@@ -208,13 +266,27 @@ class _HCPost(torch.autograd.Function):
         T, n, C = x.shape
         NS, _, _ = _meta(n, C)
         dout = dout.contiguous()
-        dx = torch.empty_like(x)
+        # fused: X's gradient is handed on as dX_next itself; _HCPre.backward applies H_resᵀ.
+        dx = dout if ctx.fused else torch.empty_like(x)
         df = torch.empty_like(f)
         dpost = torch.empty((T, n), device=x.device, dtype=torch.float32)
         dhres = torch.empty((T, n, n), device=x.device, dtype=torch.float32)
         BC = min(512, triton.next_power_of_2(C))
         K._hc_residual_bwd_kernel[(T,)](
-            dout, x, f, coef, h_res, dx, df, dpost, dhres, n, C, NS=NS, BC=BC
+            dout,
+            x,
+            f,
+            coef,
+            h_res,
+            dx,
+            df,
+            dpost,
+            dhres,
+            n,
+            C,
+            NS=NS,
+            BC=BC,
+            WRITE_DX=not ctx.fused,
         )
         return dx, df, dpost, dhres
 

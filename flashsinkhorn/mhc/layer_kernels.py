@@ -7,10 +7,12 @@ Forward: ``_hc_gemm_rms_kernel`` (split-K x·φ and Σx², one pass over X) →
 ``_hc_finalize_kernel`` (sum of the splits, r, alpha/bias, sigmoid and 2·sigmoid) → projection
 → ``_hc_premix_kernel`` (u = Σ_i H_pre[i]·X[i]) → ``_hc_residual_kernel``
 (X_next = H_res·X + H_postᵀ·F, X read once and X_next written once).
-Backward: ``_hc_residual_bwd_kernel`` (dX through H_res, dF, dH_post, dH_res in one pass over
-dX_next, X, F) → ``_hc_premix_bwd_kernel`` (dH_pre) → coefficient backward (tiny, torch and the
-projection backward) → ``_hc_input_bwd_kernel`` (dX = residual part + H_pre⊗du + dh·φᵀ + RMS
-term, and the partial dφ = xᵀ·dh, one pass over X).
+Backward: ``_hc_residual_bwd_kernel`` (dF, dH_post, dH_res in one pass over dX_next, X, F) →
+``_hc_premix_bwd_kernel`` (dH_pre) → coefficient backward (tiny, torch and the projection
+backward) → ``_hc_dx_kernel`` (dX = H_resᵀ·dX_next + H_pre⊗du + dh·φᵀ + RMS term, by token
+blocks) and ``_hc_dphi_kernel`` (partial dφ = xᵀ·dh, K-major over token splits). The previous
+schedule (``layer.FUSED_DX = False``): the residual backward also writes dX_res = H_resᵀ·dX_next
+and ``_hc_input_bwd_kernel`` reads it back, writing dX and accumulating dφ in one pass over X.
 """
 
 from __future__ import annotations
@@ -167,8 +169,10 @@ def _hc_residual_bwd_kernel(
     C,
     NS: tl.constexpr,
     BC: tl.constexpr,
+    WRITE_DX: tl.constexpr = True,
 ):
-    # One token per program; dH_post and dH_res reduce over C in registers.
+    # One token per program; dH_post and dH_res reduce over C in registers. With WRITE_DX off
+    # the H_resᵀ·dX_next part of dX is left to _hc_dx_kernel.
     i_t = tl.program_id(0).to(tl.int64)
     o_i = tl.arange(0, NS)
     m_i = o_i < n
@@ -187,9 +191,10 @@ def _hc_residual_bwd_kernel(
         b_do = tl.load(p_do + o_ic, mask=m_ic, other=0.0).to(tl.float32)
         b_x = tl.load(p_x + o_ic, mask=m_ic, other=0.0).to(tl.float32)
         b_f = tl.load(p_f + i_t * C + o_c, mask=m_c, other=0.0).to(tl.float32)
-        # dX[j] = Σ_i H_res[i, j]·dX_next[i]
-        b_dx = tl.sum(b_h[:, :, None] * b_do[:, None, :], 0)
-        tl.store(p_dx + o_ic, b_dx.to(p_dx.dtype.element_ty), mask=m_ic)
+        if WRITE_DX:
+            # dX[j] = Σ_i H_res[i, j]·dX_next[i]
+            b_dx = tl.sum(b_h[:, :, None] * b_do[:, None, :], 0)
+            tl.store(p_dx + o_ic, b_dx.to(p_dx.dtype.element_ty), mask=m_ic)
         b_df = tl.sum(b_post[:, None] * b_do, 0)
         tl.store(p_df + i_t * C + o_c, b_df.to(p_df.dtype.element_ty), mask=m_c)
         b_dpost += tl.sum(b_do * b_f[None, :], 1)
@@ -281,3 +286,108 @@ def _hc_input_bwd_kernel(
         b_dphi += tl.dot(tl.trans(b_x), b_dy, input_precision=PREC)
     p_o = p_dphi + i_s.to(tl.int64) * K * NP + o_k[:, None].to(tl.int64) * NP + o_n[None, :]
     tl.store(p_o, b_dphi, mask=m_k[:, None])
+
+
+@triton.jit
+def _widen(b, BM: tl.constexpr, NS: tl.constexpr, BC: tl.constexpr):
+    # [BM, NS] → [BM, NS·BC] with column j·BC + c holding b[:, j]
+    return tl.reshape(tl.broadcast_to(b[:, :, None], (BM, NS, BC)), (BM, NS * BC))
+
+
+@triton.jit
+def _hc_dx_kernel(
+    p_x,
+    p_dout,
+    p_du,
+    p_coef,
+    p_hres,
+    p_dy,
+    p_rcoef,
+    p_phi,
+    p_dx,
+    T,
+    K,
+    N,
+    n,
+    C,
+    BM: tl.constexpr,
+    BC: tl.constexpr,
+    NS: tl.constexpr,
+    NP: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    # dX = H_resᵀ·dX_next + H_pre[j]·du + dh·φᵀ + ρ·x for BM tokens × channels [c0, c0 + BC) of
+    # every stream (columns kk = j·BC + c ↔ K-index j·C + c0 + c), one tile per program: the
+    # residual part is computed here from dX_next, so dX_res never goes through HBM. dφ is left
+    # to _hc_dphi_kernel.
+    i_m = tl.program_id(0)
+    i_c = tl.program_id(1)
+    o_kk = tl.arange(0, NS * BC)
+    o_j = o_kk // BC
+    o_cc = i_c * BC + o_kk % BC
+    m_kk = (o_j < n) & (o_cc < C)
+    o_k = o_j * C + o_cc
+    o_n = tl.arange(0, NP)
+    m_n = o_n < N
+    o_s = tl.arange(0, NS)
+    o_m = i_m * BM + tl.arange(0, BM)
+    m_m = o_m < T
+    m_mk = m_m[:, None] & m_kk[None, :]
+    m_ms = m_m[:, None] & (o_s < n)[None, :]
+    o_t = o_m[:, None].to(tl.int64)
+    o_mk = o_t * K + o_k[None, :]
+    b_x = tl.load(p_x + o_mk, mask=m_mk, other=0.0).to(tl.float32)
+    b_du = tl.load(p_du + o_t * C + o_cc[None, :], mask=m_mk, other=0.0).to(tl.float32)
+    b_hp = tl.load(p_coef + o_t * (2 * n) + o_s[None, :], mask=m_ms, other=0.0)
+    b_rc = tl.load(p_rcoef + o_m, mask=m_m, other=0.0)
+    b_dx = _widen(b_hp, BM, NS, BC) * b_du + b_rc[:, None] * b_x
+    for i in range(n):
+        # dX[j] += H_res[i, j]·dX_next[i] (the dX_next tile of stream i feeds every j: L1 hits)
+        b_do = tl.load(p_dout + o_t * K + i * C + o_cc[None, :], mask=m_mk, other=0.0)
+        b_h = tl.load(p_hres + o_t * (n * n) + i * n + o_s[None, :], mask=m_ms, other=0.0)
+        b_dx += _widen(b_h.to(tl.float32), BM, NS, BC) * b_do.to(tl.float32)
+    b_wt = tl.load(
+        p_phi + o_k[None, :].to(tl.int64) * N + o_n[:, None],
+        mask=m_kk[None, :] & m_n[:, None],
+        other=0.0,
+    ).to(tl.float32)
+    b_dy = tl.load(p_dy + o_t * NP + o_n[None, :], mask=m_m[:, None], other=0.0)
+    b_dx += tl.dot(b_dy, b_wt, input_precision=PREC)
+    tl.store(p_dx + o_mk, b_dx.to(p_dx.dtype.element_ty), mask=m_mk)
+
+
+@triton.jit
+def _hc_dphi_kernel(
+    p_x,
+    p_dy,
+    p_dphi,
+    T,
+    K,
+    n_tsplit,
+    BM: tl.constexpr,
+    BK: tl.constexpr,
+    NP: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    # Partial dφ = xᵀ·dh over this program's token blocks (split over tokens; summed on the host).
+    i_k = tl.program_id(0)
+    i_s = tl.program_id(1)
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < K
+    o_n = tl.arange(0, NP)
+    b_acc = tl.zeros((BK, NP), tl.float32)
+    n_tb = tl.cdiv(T, BM)
+    for tb in range(i_s, n_tb, n_tsplit):
+        o_m = tb * BM + tl.arange(0, BM)
+        m_m = o_m < T
+        b_x = tl.load(
+            p_x + o_m[:, None].to(tl.int64) * K + o_k[None, :],
+            mask=m_m[:, None] & m_k[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        b_dy = tl.load(
+            p_dy + o_m[:, None].to(tl.int64) * NP + o_n[None, :], mask=m_m[:, None], other=0.0
+        )
+        b_acc += tl.dot(tl.trans(b_x), b_dy, input_precision=PREC)
+    p_o = p_dphi + i_s.to(tl.int64) * K * NP + o_k[:, None].to(tl.int64) * NP + o_n[None, :]
+    tl.store(p_o, b_acc, mask=m_k[:, None])

@@ -27,9 +27,13 @@ import triton.language as tl
 
 LOG2E = 1.4426950408889634
 
-# (matrices per program, warps) of the small path; bench/bench_mhc.py sweeps these. Defaults are
-# the fastest of the sweep on the H100 at B = 2^24 (bench/results/mhc_h100.json).
+# (matrices per program, warps[, maxnreg]) of the small path; bench/bench_mhc.py sweeps these.
+# maxnreg caps the registers (ptxas spills the rest to L1-resident local memory) to fit more
+# warps per SM. Defaults: the fastest of the sweep on the H200 at B = 2^24
+# (bench/results/mhc_h200.json).
 SMALL_CONFIG = {"fwd": (256, 8), "bwd": (64, 2)}
+# Generator options (keep_a, prefetch, pair), see _gen_small.
+SMALL_BWD_OPTS = (8, True, False)
 # Half-step states kept on chip by the general backward before it recomputes segments.
 GEN_HS_MAX = 64
 
@@ -45,6 +49,19 @@ def _rcp(x, FAST: tl.constexpr):
     if FAST:
         return tl.inline_asm_elementwise(
             "rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return 1.0 / x
+
+
+@triton.jit
+def _rcp_nc(x, FAST: tl.constexpr):
+    # Same as _rcp, but opaque to common-subexpression elimination: the backward recomputes
+    # the row scalings from the stored column scalings and must not get the forward's values
+    # back from the compiler (that would keep both vectors of every round live).
+    if FAST:
+        return tl.inline_asm_elementwise(
+            "rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=False, pack=1
         )
     else:
         return 1.0 / x
@@ -66,26 +83,31 @@ class _Src:
 def _emit_load(s: _Src, n: int, ptr: str, prefix: str):
     """Loads the n×n matrices of this program into registers {prefix}{i}{j} (fp32)."""
     nn = n * n
-    if nn in (4, 16):
-        # One coalesced [BLOCK, n²] tile, then split into per-entry tensors.
-        bits = nn.bit_length() - 1
-        s(
-            f"b_t = tl.load({ptr} + o_b[:, None] * {nn} + tl.arange(0, {nn})[None, :], "
-            "mask=m_b[:, None], other=0.0).to(tl.float32)"
-        )
-        s(f"b_t = tl.reshape(b_t, (BLOCK, {', '.join(['2'] * bits)}))")
-        # split peels index bits from the least significant one.
-        level = {"": "b_t"}
-        for _depth in range(bits):
-            new = {}
+    if n in (2, 4):
+        # One [BLOCK, n] tile per matrix row: each lane reads its row as one 8/16-byte vector
+        # and the entries are peeled off with tl.split inside the lane (no layout conversion
+        # through shared memory, no barrier).
+        bits = n.bit_length() - 1
+        for i in range(n):
+            t = f"t_{prefix}{i}"
+            s(
+                f"{t} = tl.load({ptr} + o_b[:, None] * {nn} + {i * n} + "
+                f"tl.arange(0, {n})[None, :], mask=m_b[:, None], other=0.0).to(tl.float32)"
+            )
+            if bits > 1:
+                s(f"{t} = tl.reshape({t}, (BLOCK, {', '.join(['2'] * bits)}))")
+            # split peels index bits from the least significant one.
+            level = {"": t}
+            for _depth in range(bits):
+                new = {}
+                for key, name in level.items():
+                    lo, hi = f"{name}_0", f"{name}_1"
+                    s(f"{lo}, {hi} = tl.split({name})")
+                    new[key + "0"], new[key + "1"] = lo, hi
+                level = new
             for key, name in level.items():
-                lo, hi = f"{name}_0", f"{name}_1"
-                s(f"{lo}, {hi} = tl.split({name})")
-                new[key + "0"], new[key + "1"] = lo, hi
-            level = new
-        for key, name in level.items():
-            e = sum(int(c) << k for k, c in enumerate(key))
-            s(f"{prefix}{e // n}{e % n} = {name}")
+                j = sum(int(c) << k for k, c in enumerate(key))
+                s(f"{prefix}{i}{j} = {name}")
     else:
         for i, j in itertools.product(range(n), range(n)):
             s(
@@ -96,26 +118,27 @@ def _emit_load(s: _Src, n: int, ptr: str, prefix: str):
 
 def _emit_store(s: _Src, n: int, ptr: str, prefix: str):
     nn = n * n
-    if nn in (4, 16):
-        bits = nn.bit_length() - 1
-        names = {e: f"{prefix}{e // n}{e % n}" for e in range(nn)}
-        # join from the most significant bit so that the last dim ends up being bit 0.
-        cur = {e: names[e] for e in range(nn)}
-        for bit in reversed(range(bits)):
-            new = {}
-            for e, name in cur.items():
-                if e & (1 << bit):
-                    continue
-                out = f"j{bit}_{e}"
-                s(f"{out} = tl.join({name}, {cur[e | (1 << bit)]})")
-                new[e] = out
-            cur = new
-        (root,) = cur.values()
-        s(f"b_t = tl.reshape({root}, (BLOCK, {nn}))")
-        s(
-            f"tl.store({ptr} + o_b[:, None] * {nn} + tl.arange(0, {nn})[None, :], "
-            f"b_t.to({ptr}.dtype.element_ty), mask=m_b[:, None])"
-        )
+    if n in (2, 4):
+        bits = n.bit_length() - 1
+        for i in range(n):
+            # join from the most significant bit so that the last dim ends up being bit 0.
+            cur = {j: f"{prefix}{i}{j}" for j in range(n)}
+            for bit in reversed(range(bits)):
+                new = {}
+                for j, name in cur.items():
+                    if j & (1 << bit):
+                        continue
+                    out = f"j{bit}_{i}_{j}"
+                    s(f"{out} = tl.join({name}, {cur[j | (1 << bit)]})")
+                    new[j] = out
+                cur = new
+            (root,) = cur.values()
+            if bits > 1:
+                s(f"{root} = tl.reshape({root}, (BLOCK, {n}))")
+            s(
+                f"tl.store({ptr} + o_b[:, None] * {nn} + {i * n} + tl.arange(0, {n})[None, :], "
+                f"{root}.to({ptr}.dtype.element_ty), mask=m_b[:, None])"
+            )
     else:
         for i, j in itertools.product(range(n), range(n)):
             s(
@@ -159,28 +182,78 @@ def _nest(fn: str, args: list[str]) -> str:
     return out
 
 
-def _emit_row(s: _Src, n: int, log: bool, a: str, b: str, out: str, indent: int = 1):
+def _emit_rcps(s: _Src, dens: list, outs: list, indent: int, rcp: str, pair: bool, scale=None):
+    """outs[i] = (scale[i] ·) 1/dens[i]. With pair, two reciprocals share one MUFU operation:
+    q = 1/(d0·d1), 1/d0 = d1·q, 1/d1 = d0·q (3 multiplies instead of a second rcp; the MUFU
+    unit, 16 results per clock per SM, is what bounds the forward). The d's are row/column
+    sums of A ⊙ (scaling vector) with A's entries in (0, 1] and a 1 in every row and column,
+    so their products stay far inside the fp32 range."""
+    n = len(dens)
+    t = [f"{o}d" for o in outs]
+    for ti, d in zip(t, dens, strict=True):
+        s(f"{ti} = {d}", indent)
+    inv = [None] * n
+    i = 0
+    while i < n:
+        if pair and i + 1 < n:
+            q = f"{outs[i]}q"
+            s(f"{q} = {rcp}({t[i]} * {t[i + 1]}, FAST)", indent)
+            inv[i], inv[i + 1] = f"{t[i + 1]} * {q}", f"{t[i]} * {q}"
+            i += 2
+        else:
+            inv[i] = f"{rcp}({t[i]}, FAST)"
+            i += 1
+    for k, o in enumerate(outs):
+        s(f"{o} = {inv[k]}" if scale is None else f"{o} = {scale[k]} * ({inv[k]})", indent)
+
+
+def _emit_row(
+    s: _Src,
+    n: int,
+    log: bool,
+    a: str,
+    b: str,
+    out: str,
+    indent: int = 1,
+    rcp: str = "_rcp",
+    pair: bool = False,
+):
     """out{i} = new a after a row half-step from (a, b)."""
     R = range(n)
+    dens = []
     for i in R:
-        r = " + ".join(f"x{i}{j} * {b}{j}" for j in R)
-        if log:
-            s(f"{out}{i} = _rcp({r}, FAST)", indent)
-        else:
-            s(f"{out}{i} = {a}{i} * _rcp({a}{i} * ({r}) + eps, FAST)", indent)
+        # the recompute (rcp="_rcp_nc") sums in the opposite order: the compiler cannot prove
+        # it equal to the forward's value and merge the two (which would keep every A_k live).
+        order = R if rcp == "_rcp" else reversed(R)
+        r = " + ".join(f"x{i}{j} * {b}{j}" for j in order)
+        dens.append(r if log else f"{a}{i} * ({r}) + eps")
+    outs = [f"{out}{i}" for i in R]
+    _emit_rcps(s, dens, outs, indent, rcp, pair, None if log else [f"{a}{i}" for i in R])
 
 
-def _emit_col(s: _Src, n: int, log: bool, a: str, b: str, out: str, indent: int = 1):
+def _emit_col(
+    s: _Src, n: int, log: bool, a: str, b: str, out: str, indent: int = 1, pair: bool = False
+):
     R = range(n)
+    dens = []
     for j in R:
         c = " + ".join(f"x{i}{j} * {a}{i}" for i in R)
-        if log:
-            s(f"{out}{j} = _rcp({c}, FAST)", indent)
-        else:
-            s(f"{out}{j} = {b}{j} * _rcp({b}{j} * ({c}) + eps, FAST)", indent)
+        dens.append(c if log else f"{b}{j} * ({c}) + eps")
+    outs = [f"{out}{j}" for j in R]
+    _emit_rcps(s, dens, outs, indent, "_rcp", pair, None if log else [f"{b}{j}" for j in R])
 
 
-def _gen_small(n: int, n_iters: int, variant: str) -> str:
+def _gen_small(
+    n: int, n_iters: int, variant: str, keep_a: int = 0, prefetch: bool = True, pair: bool = False
+) -> str:
+    """Kernel source for (n, n_iters, variant).
+
+    keep_a: the backward keeps the row scalings of the last keep_a rounds live since the forward
+    instead of recomputing them from the column scalings (n more registers per round kept, 16
+    FMA and n reciprocals fewer). pair: reciprocals two at a time (see _emit_rcps), forward and
+    backward. prefetch: load the upstream gradient at the start
+    (its latency hides behind the forward recompute) instead of after the forward.
+    """
     log = variant == "log"
     R = range(n)
     s = _Src()
@@ -196,12 +269,12 @@ def _gen_small(n: int, n_iters: int, variant: str) -> str:
     _emit_load(s, n, "p_x", "m")
     _emit_setup(s, n, log)
     if not log:
-        _emit_col(s, n, log, "a", "b", "b")
+        _emit_col(s, n, log, "a", "b", "b", pair=pair)
     rounds = n_iters if log else n_iters - 1
     if rounds > 0:
         s(f"for _ in range({rounds}):")
-        _emit_row(s, n, log, "a", "b", "a", 2)
-        _emit_col(s, n, log, "a", "b", "b", 2)
+        _emit_row(s, n, log, "a", "b", "a", 2, pair=pair)
+        _emit_col(s, n, log, "a", "b", "b", 2, pair=pair)
     for i, j in itertools.product(R, R):
         s(f"p{i}{j} = a{i} * x{i}{j} * b{j}")
     _emit_store(s, n, "p_out", "p")
@@ -219,6 +292,8 @@ def _gen_small(n: int, n_iters: int, variant: str) -> str:
     s("o_b = i_p.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)")
     s("m_b = o_b < n_mat")
     _emit_load(s, n, "p_x", "m")
+    if prefetch:
+        _emit_load(s, n, "p_g", "d")
     _emit_setup(s, n, log)
     T = n_iters
     # round k (1..T) produces A_k (a vector) and B_k; round 0 is the initial state.
@@ -227,17 +302,18 @@ def _gen_small(n: int, n_iters: int, variant: str) -> str:
         s(f"A0_{i} = a{i}")
     if log:
         for k in range(1, T + 1):
-            _emit_row(s, n, log, f"A{k - 1}_", f"B{k - 1}_", f"A{k}_")
-            _emit_col(s, n, log, f"A{k}_", f"B{k - 1}_", f"B{k}_")
+            _emit_row(s, n, log, f"A{k - 1}_", f"B{k - 1}_", f"A{k}_", pair=pair)
+            _emit_col(s, n, log, f"A{k}_", f"B{k - 1}_", f"B{k}_", pair=pair)
     else:
         # round 1 is the column step alone (a stays 1)
         for i in R:
             s(f"A1_{i} = A0_{i}")
-        _emit_col(s, n, log, "A1_", "B0_", "B1_")
+        _emit_col(s, n, log, "A1_", "B0_", "B1_", pair=pair)
         for k in range(2, T + 1):
-            _emit_row(s, n, log, f"A{k - 1}_", f"B{k - 1}_", f"A{k}_")
-            _emit_col(s, n, log, f"A{k}_", f"B{k - 1}_", f"B{k}_")
-    _emit_load(s, n, "p_g", "d")
+            _emit_row(s, n, log, f"A{k - 1}_", f"B{k - 1}_", f"A{k}_", pair=pair)
+            _emit_col(s, n, log, f"A{k}_", f"B{k - 1}_", f"B{k}_", pair=pair)
+    if not prefetch:
+        _emit_load(s, n, "p_g", "d")
     # P = diag(a) A diag(b)
     for i, j in itertools.product(R, R):
         s(f"y{i}{j} = d{i}{j} * A{T}_{i} * B{T}_{j}")
@@ -247,10 +323,10 @@ def _gen_small(n: int, n_iters: int, variant: str) -> str:
         s(f"db{j} = " + " + ".join(f"d{i}{j} * x{i}{j} * A{T}_{i}" for i in R))
     last = 1 if log else 2
     for k in range(T, 0, -1):
-        if log and k < T:
+        if log and k < T - keep_a:
             # Recompute A_k = 1/(A B_{k-1}) rather than keeping it live since the forward:
             # only the B_k stay in registers (n·T values instead of 2·n·T).
-            _emit_row(s, n, log, "", f"B{k - 1}_", f"A{k}_")
+            _emit_row(s, n, log, "", f"B{k - 1}_", f"A{k}_", rcp="_rcp_nc", pair=pair)
         # column half-step of round k: B_k from (A_k, B_{k-1})
         for j in R:
             s(f"dc{j} = -db{j} * B{k}_{j} * B{k}_{j}")
@@ -299,24 +375,32 @@ _SMALL_CACHE: dict = {}
 _SMALL_CACHE_LOCK = threading.Lock()
 
 
-def _small_kernels(n: int, n_iters: int, variant: str):
-    key = (n, n_iters, variant)
+def _small_kernels(n: int, n_iters: int, variant: str, opts: tuple | None = None):
+    """(forward, backward) kernels; opts = (keep_a, prefetch, pair), default SMALL_BWD_OPTS."""
+    opts = SMALL_BWD_OPTS if opts is None else tuple(opts)
+    key = (n, n_iters, variant, opts)
     hit = _SMALL_CACHE.get(key)
     if hit is not None:
         return hit
     with _SMALL_CACHE_LOCK:
-        return _build_small_kernels(key)
+        return _build_small_kernels(key, n, n_iters, variant, opts)
 
 
-def _build_small_kernels(key):
-    n, n_iters, variant = key
+def _build_small_kernels(key, n, n_iters, variant, opts):
     if key not in _SMALL_CACHE:
-        src = _gen_small(n, n_iters, variant)
-        fname = f"<flashsinkhorn.mhc generated sk n={n} T={n_iters} {variant}>"
+        keep_a, prefetch, pair = opts
+        src = _gen_small(n, n_iters, variant, keep_a=keep_a, prefetch=prefetch, pair=pair)
+        fname = f"<flashsinkhorn.mhc generated sk n={n} T={n_iters} {variant} {opts}>"
         # triton.jit reads the source through inspect/linecache; mtime None keeps the entry
         # from being evicted by linecache.checkcache().
         linecache.cache[fname] = (len(src), None, src.splitlines(True), fname)
-        ns = {"triton": triton, "tl": tl, "_rcp": _rcp, "__name__": "flashsinkhorn.mhc._gen"}
+        ns = {
+            "triton": triton,
+            "tl": tl,
+            "_rcp": _rcp,
+            "_rcp_nc": _rcp_nc,
+            "__name__": "flashsinkhorn.mhc._gen",
+        }
         exec(compile(src, fname, "exec"), ns)  # noqa: S102 - generated from our own template
         _SMALL_CACHE[key] = (ns["_sk_small_fwd_kernel"], ns["_sk_small_bwd_kernel"])
     return _SMALL_CACHE[key]
@@ -487,6 +571,14 @@ def _gen_meta(n: int, n_iters: int, variant: str):
     return first, 2 * n_iters - first, np_, warps
 
 
+def _launch_cfg(cfg: tuple, m: torch.Tensor):
+    """(BLOCK, launch kwargs) from a SMALL_CONFIG entry (BLOCK, warps[, maxnreg])."""
+    kw = {"num_warps": cfg[1]}
+    if len(cfg) > 2 and cfg[2] and m.is_cuda and not _interpreting():
+        kw["maxnreg"] = cfg[2]
+    return cfg[0], kw
+
+
 def sk_forward_triton(
     m: torch.Tensor, n_iters: int, variant: str, eps: float, path: str = "auto"
 ) -> torch.Tensor:
@@ -498,9 +590,9 @@ def sk_forward_triton(
     eps = 0.0 if variant == "log" else float(eps)
     if path == "small" or (path == "auto" and n <= 4):
         fwd, _ = _small_kernels(n, n_iters, variant)
-        block, warps = SMALL_CONFIG["fwd"]
+        block, kw = _launch_cfg(SMALL_CONFIG["fwd"], m)
         fast = m.is_cuda and not _interpreting()
-        fwd[(triton.cdiv(bsz, block),)](m, out, bsz, eps, BLOCK=block, FAST=fast, num_warps=warps)
+        fwd[(triton.cdiv(bsz, block),)](m, out, bsz, eps, BLOCK=block, FAST=fast, **kw)
         return out
     first, n_half, np_, warps = _gen_meta(n, n_iters, variant)
     _sk_gen_fwd_kernel[(bsz,)](
@@ -525,11 +617,9 @@ def sk_backward_triton(
     eps = 0.0 if variant == "log" else float(eps)
     if path == "small" or (path == "auto" and n <= 4):
         _, bwd = _small_kernels(n, n_iters, variant)
-        block, warps = SMALL_CONFIG["bwd"]
+        block, kw = _launch_cfg(SMALL_CONFIG["bwd"], m)
         fast = m.is_cuda and not _interpreting()
-        bwd[(triton.cdiv(bsz, block),)](
-            m, grad, out, bsz, eps, BLOCK=block, FAST=fast, num_warps=warps
-        )
+        bwd[(triton.cdiv(bsz, block),)](m, grad, out, bsz, eps, BLOCK=block, FAST=fast, **kw)
         return out
     first, n_half, np_, warps = _gen_meta(n, n_iters, variant)
     hs = min(GEN_HS_MAX, max(2, triton.next_power_of_2(n_half)))

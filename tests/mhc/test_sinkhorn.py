@@ -191,6 +191,21 @@ def test_triton_small_path_large_logits(device, variant):
     _check_triton(device, 4, variant, 53, 20, 80.0, "small")
 
 
+@pytest.mark.parametrize(
+    ("keep_a", "pair"), [(0, False), (7, True), (20, False), (8, True), (20, True)]
+)
+def test_triton_small_path_generator_options(device, monkeypatch, keep_a, pair):
+    # the backward's register/recompute trade-off (row scalings kept for the last keep_a rounds,
+    # recomputed for the others), the late load of the upstream gradient and the paired
+    # reciprocals must not change the result
+    monkeypatch.setattr(sk_triton, "SMALL_BWD_OPTS", (keep_a, keep_a != 7, pair))
+    _check_triton(device, 4, "log", 53, 20, 80.0, "small")
+    _check_triton(device, 4, "deepseek", 29, 20, 80.0, "small")
+    if pair:
+        _check_triton(device, 3, "log", 31, 20, 80.0, "small")
+        _check_triton(device, 2, "deepseek", 31, 7, 80.0, "small")
+
+
 @pytest.mark.parametrize("variant", ["log", "deepseek"])
 @pytest.mark.parametrize("n", [4, 5, 8, 16])
 def test_triton_general_path(device, n, variant):
