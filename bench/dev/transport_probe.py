@@ -29,10 +29,16 @@ SHAPES = [  # (block_m, block_n, num_warps, num_stages); None = the library's ru
 
 
 def timed(fn, reps=20):
-    fn(); torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    fn()
+    torch.cuda.synchronize()
+    ev = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(reps)
+    ]
     for s, e in ev:
-        s.record(); fn(); e.record()
+        s.record()
+        fn()
+        e.record()
     torch.cuda.synchronize()
     ts = sorted(s.elapsed_time(e) for s, e in ev)
     return ts[len(ts) // 2]
@@ -63,7 +69,11 @@ def main():
             else:
                 bm, bn, w, st = shape
                 T.transport_config = lambda d_, p_, r_, _s=shape: replace(
-                    orig(d_, p_, r_), block_m=_s[0], block_n=_s[1], num_warps=_s[2], num_stages=_s[3]
+                    orig(d_, p_, r_),
+                    block_m=_s[0],
+                    block_n=_s[1],
+                    num_warps=_s[2],
+                    num_stages=_s[3],
                 )
             H = TransportHessian(res)
             v1 = torch.randn(1, n, 1, device="cuda", generator=g)
@@ -71,7 +81,8 @@ def main():
             row = {"precision": precision, "shape": shape or "rule", "n": n, "d": d}
             try:
                 t0 = time.perf_counter()
-                H.P(v1); torch.cuda.synchronize()
+                H.P(v1)
+                torch.cuda.synchronize()
                 row["first_s"] = time.perf_counter() - t0
                 row["Pv1_ms"] = timed(lambda: H.P(v1))
                 row["PV66_ms"] = timed(lambda: H.P(V66))
@@ -90,7 +101,9 @@ def main():
         if "error" in r:
             print(f"{r['precision']:8s} {str(r['shape']):18s} error {r['error'][:80]}")
         else:
-            print(f"{r['precision']:8s} {str(r['shape']):18s} {r['Pv1_ms']:8.3f} {r['PV66_ms']:9.3f} {r['hvp50_ms']:9.2f}")
+            print(
+                f"{r['precision']:8s} {str(r['shape']):18s} {r['Pv1_ms']:8.3f} {r['PV66_ms']:9.3f} {r['hvp50_ms']:9.2f}"
+            )
 
 
 if __name__ == "__main__":
