@@ -137,7 +137,6 @@ def _backward_sqeuclidean(ctx, x, y, a, b, grad_out):
     """The squared Euclidean backward: differentiable x/y gradients (HVP) under create_graph."""
     res: SinkhornResult = ctx.res
     problem = res._problem
-    impl = res._backend
     need = ctx.needs_input_grad
     gx = gy = ga = gb = None
     balanced = problem.X.rho is None and problem.Y.rho is None
@@ -148,22 +147,9 @@ def _backward_sqeuclidean(ctx, x, y, a, b, grad_out):
             x, y, a, b, grad_out, res, need[0], need[1], hvp_settings(ctx.hvp_options)
         )
         need = (False, False, *need[2:])
-    with torch.no_grad():
-        go = grad_out.reshape(-1).to(problem.dtype)  # (B,) or (1,)
-        if need[0]:
-            G, _ = impl.transport_grad(
-                problem.X, problem.Y, res._f, res._g, res.eps, problem.precision
-            )
-            gx = problem.unbatch(G * go[:, None, None]).to(x.dtype)
-        if need[1]:
-            G, _ = impl.transport_grad(
-                problem.Y, problem.X, res._g, res._f, res.eps, problem.precision
-            )
-            gy = problem.unbatch(G * go[:, None, None]).to(y.dtype)
-        if need[2] and a is not None:
-            ga = _reduce_like(_weight_grad(res, "X") * go[:, None], a, problem.batched)
-        if need[3] and b is not None:
-            gb = _reduce_like(_weight_grad(res, "Y") * go[:, None], b, problem.batched)
+    fx, fy, ga, gb = _first_order(ctx, x, y, a, b, grad_out, need)
+    gx = gx if fx is None else fx
+    gy = gy if fy is None else fy
     if second:
         ga, gb = guard_second_order((ga, gb), (x, y, a, b))
     else:
