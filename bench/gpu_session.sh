@@ -3,9 +3,12 @@
 #   1. every gpu-marked test outside tests/mhc (mHC has bench/gpu_mhc.sh) -> $OUT/gpu_tests.log
 #   2. fwd at 10k x 10k, d = 64: squared Euclidean and every other cost   -> $OUT/<gpu>.json
 #   3. bench/bench_otdd.py (memory, time against a tensorized reference, W builder)
-#   4. bench/dev/transport_probe.py (transport tile shapes for the HVP)
-#   5. a short table
-# Environment: OUT (default ./out), STAGES (default "tests,fwd,otdd,probe").
+#   4. bench/dev/transport_probe.py (transport passes and the HVP per precision)
+#   5. bench/dev/hvp_fp32_probe.py (fp32 HVP accuracy: damped vs mean-free Schur solve)
+#   6. bench case hvp, ours only; bench case fwdbwd at 10k, d = 128, ours only
+#   7. a short table
+# Environment: OUT (default ./out), STAGES (default "tests,fwd,otdd,probe"; also "hvpprobe",
+# "hvpbench", "fwdbwd").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-./out}"
@@ -23,7 +26,8 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
-rc_tests=skipped; rc_fwd=skipped; rc_otdd=skipped; rc_probe=skipped
+rc_tests=skipped; rc_fwd=skipped; rc_otdd=skipped; rc_probe=skipped; rc_hp=skipped; rc_hb=skipped
+rc_fb=skipped
 if has tests; then
     echo "=== gpu tests [${SECONDS} s]"
     timeout 330 python3 -m pytest -q -m gpu tests --ignore=tests/mhc -p no:cacheprovider -rfE \
@@ -49,5 +53,25 @@ if has probe; then
     timeout 150 python3 bench/dev/transport_probe.py --out "$OUT" 2>&1 | tail -20
     rc_probe=${PIPESTATUS[0]}
 fi
-echo "=== [${SECONDS} s] tests rc=$rc_tests fwd rc=$rc_fwd otdd rc=$rc_otdd probe rc=$rc_probe"
+if has hvpprobe; then
+    echo "=== fp32 HVP probe [${SECONDS} s]"
+    timeout 120 python3 bench/dev/hvp_fp32_probe.py --out "$OUT" 2>&1 | tail -16
+    rc_hp=${PIPESTATUS[0]}
+fi
+if has hvpbench; then
+    echo "=== bench hvp, ours [${SECONDS} s]"
+    timeout 120 python3 bench/run.py --cases hvp --providers ours --out "$OUT" --item-timeout 100 \
+        > "$OUT/hvp_bench.log" 2>&1
+    rc_hb=$?
+    tail -6 "$OUT/hvp_bench.log"
+fi
+if has fwdbwd; then
+    echo "=== bench fwdbwd 10k d=128, ours [${SECONDS} s]"
+    timeout 90 python3 bench/run.py --cases fwdbwd --providers ours --sizes 10000x128 \
+        --out "$OUT" > "$OUT/fwdbwd_bench.log" 2>&1
+    rc_fb=$?
+    tail -6 "$OUT/fwdbwd_bench.log"
+fi
+echo "=== [${SECONDS} s] tests rc=$rc_tests fwd rc=$rc_fwd otdd rc=$rc_otdd probe rc=$rc_probe" \
+    "hvpprobe rc=$rc_hp hvpbench rc=$rc_hb fwdbwd rc=$rc_fb"
 tail -3 "$OUT/gpu_tests.log" 2>/dev/null || true

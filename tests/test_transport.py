@@ -1,6 +1,8 @@
 """Transport operators from potentials: torch backend vs dense float64 math, Triton (interpreter
 on CPU) vs torch at odd sizes, and the SinkhornResult methods built on them."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -12,18 +14,25 @@ from flashsinkhorn.problem import prepare
 SHAPES = [(1, 37, 53, 1), (2, 45, 29, 3), (1, 33, 70, 17), (2, 21, 38, 130)]
 
 
-def _problem(B, n, m, d, device, dtype=torch.float32, seed=0, zero_weight=False):
+def _problem(
+    B, n, m, d, device, dtype=torch.float32, seed=0, zero_weight=False, precision="ieee",
+    spread=1.0, **kw,
+):  # fmt: skip
     g = torch.Generator().manual_seed(seed)
-    x = torch.rand(B, n, d, generator=g, dtype=torch.float64)
-    y = torch.rand(B, m, d, generator=g, dtype=torch.float64) * 1.3 + 0.2
+    x = torch.rand(B, n, d, generator=g, dtype=torch.float64) * spread
+    y = (torch.rand(B, m, d, generator=g, dtype=torch.float64) * 1.3 + 0.2) * spread
     a = torch.rand(B, n, generator=g, dtype=torch.float64) + 0.05
     b = torch.rand(B, m, generator=g, dtype=torch.float64) + 0.05
-    if zero_weight:
+    if zero_weight is True:
         a[:, 2::5] = 0.0
         b[:, 1::7] = 0.0
+    if zero_weight == "tail":
+        b[:, m // 2 :] = 0.0  # whole column chunks of zero weight: partials with max = -inf
     a, b = a / a.sum(1, keepdim=True), b / b.sum(1, keepdim=True)
     cast = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731
-    return prepare(cast(x), cast(y), cast(a), cast(b), rho_x=None, rho_y=None, precision="ieee")
+    return prepare(
+        cast(x), cast(y), cast(a), cast(b), rho_x=None, rho_y=None, precision=precision, **kw
+    )
 
 
 def _pots(problem, seed, eps=0.3, scale=0.5):
@@ -162,6 +171,176 @@ def test_triton_marginals_only(device):
     assert out is None
     _, ref = TorchBackend().transport(p.X, p.Y, f, g, 0.3, None, None, None, "ieee")
     assert _rel(marg, ref) < 2e-5
+
+
+# ----- split column sweep (partials + merge kernel) and float16 grid operands -----
+
+
+def _spy_combine(monkeypatch):
+    """Counts launches of the merge kernel (the split path) without changing them."""
+    from flashsinkhorn.backends.triton import transport as T
+
+    calls, kernel = [], T._apply_combine_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            calls.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(T, "_apply_combine_kernel", Spy())
+    return calls
+
+
+def _merges(d, p_width, r, n_cols, grad=False):
+    """1 if a forced split (> 1) of this launch must go through the merge kernel, else 0."""
+    from flashsinkhorn.backends.triton import transport as T
+
+    cfg = T.transport_config(d, p_width, r)
+    wide = (cfg.d_tiles if grad else cfg.p_tiles) > 1  # the wide path is never split
+    return int(not wide and n_cols > cfg.block_n)
+
+
+def _force_split(monkeypatch, split):
+    from flashsinkhorn.backends.triton import transport as T
+
+    monkeypatch.setattr(T, "FORCE_SPLIT", split)
+    return _spy_combine(monkeypatch)
+
+
+@pytest.mark.parametrize("split", [2, 3, 7])
+@pytest.mark.parametrize(
+    "B,n,m,d,p_width,zw",
+    [(1, 37, 101, 3, 1, "tail"), (2, 21, 70, 17, 5, True), (1, 45, 83, 5, 40, False)],
+)
+def test_triton_split_sweep_matches_torch(device, monkeypatch, split, B, n, m, d, p_width, zw):
+    calls = _force_split(monkeypatch, split)
+    p = _problem(B, n, m, d, device, zero_weight=zw, seed=split)
+    f, g = _pots(p, 14)
+    gen = torch.Generator().manual_seed(15)
+    V = torch.randn(B, m, p_width, generator=gen).to(device)
+    U = torch.randn(B, n, p_width, generator=gen).to(device)
+    tri, tb = resolve_backend("triton", p.device, torch.float32), TorchBackend()
+    out, marg = tri.transport(p.X, p.Y, f, g, 0.3, V, None, None, "ieee")
+    ref, rmarg = tb.transport(p.X, p.Y, f, g, 0.3, V, None, None, "ieee")
+    assert _rel(out, ref) < 2e-5 and _rel(marg, rmarg) < 2e-5
+    outT, margT = tri.transport(p.Y, p.X, g, f, 0.3, U, None, None, "ieee")
+    refT, rmargT = tb.transport(p.Y, p.X, g, f, 0.3, U, None, None, "ieee")
+    assert _rel(outT, refT) < 2e-5 and _rel(margT, rmargT) < 2e-5
+    # Wide V (P_TILES > 1, e.g. 40 > the interpreter's 32) is never split; a side of one column
+    # tile cannot be.
+    assert len(calls) == _merges(d, p_width, 0, m) + _merges(d, p_width, 0, n)
+
+
+@pytest.mark.parametrize("r,p_width", [(4, 3), (40, 1)])
+def test_triton_split_hadamard_and_grad(device, monkeypatch, r, p_width):
+    calls = _force_split(monkeypatch, 3)
+    B, n, m, d = 2, 37, 75, 3 if r == 4 else 70
+    p = _problem(B, n, m, d, device, zero_weight=True)
+    f, g = _pots(p, 16, 0.4)
+    gen = torch.Generator().manual_seed(17)
+    A = torch.randn(B, n, r, generator=gen).to(device)
+    Bw = torch.randn(B, m, r, generator=gen).to(device)
+    V = torch.randn(B, m, p_width, generator=gen).to(device)
+    tri, tb = resolve_backend("triton", p.device, torch.float32), TorchBackend()
+    out, marg = tri.transport(p.X, p.Y, f, g, 0.4, V, A, Bw, "ieee")
+    ref, rmarg = tb.transport(p.X, p.Y, f, g, 0.4, V, A, Bw, "ieee")
+    assert _rel(out, ref) < 1e-4 and _rel(marg, rmarg) < 2e-5
+    for rows, cols, rp, cp in ((p.X, p.Y, f, g), (p.Y, p.X, g, f)):
+        grad, gm = tri.transport_grad(rows, cols, rp, cp, 0.4, "ieee")
+        gref, gmref = tb.transport_grad(rows, cols, rp, cp, 0.4, "ieee")
+        assert _rel(grad, gref) < 1e-4 and _rel(gm, gmref) < 2e-5
+    # d = 70 > BLOCK_D (64 under the interpreter): the gradient's value tiles are wide.
+    grads = _merges(d, d, 0, m, grad=True) + _merges(d, d, 0, n, grad=True)
+    assert len(calls) == _merges(d, p_width, r, m) + grads
+
+
+@pytest.mark.parametrize("cost,labels", [("euclidean", False), ("sqeuclidean", "on-chip"),
+                                         ("euclidean", "global")])  # fmt: skip
+def test_triton_split_costs_match_torch(device, monkeypatch, cost, labels):
+    from flashsinkhorn.backends.triton import lse
+
+    monkeypatch.setattr(lse, "FORCE_GLOBAL_LABELS", labels == "global")
+    calls = _force_split(monkeypatch, 4)
+    B, n, m, d = 2, 45, 97, 3
+    gen = torch.Generator().manual_seed(18)
+    lab = None
+    if labels:
+        lx, ly = (
+            torch.randint(0, 5, (B, n), generator=gen),
+            torch.randint(0, 5, (B, m), generator=gen),
+        )
+        lab = (lx.to(device), ly.to(device), (0.7 * torch.rand(5, 5, generator=gen)).to(device))
+    p = _problem(B, n, m, d, device, zero_weight=True, cost=cost, labels=lab)
+    f = (torch.randn(B, n, generator=gen) * 0.3).to(device)
+    g = (torch.randn(B, m, generator=gen) * 0.3).to(device)
+    tri, tb = resolve_backend("triton", p.device, torch.float32), TorchBackend()
+    for p_width in (1, 5):
+        V = torch.randn(B, m, p_width, generator=gen).to(device)
+        out, marg = tri.transport(p.X, p.Y, f, g, 0.4, V, None, None, "ieee")
+        ref, rmarg = tb.transport(p.X, p.Y, f, g, 0.4, V, None, None, "ieee")
+        assert _rel(out, ref) < 2e-5 and _rel(marg, rmarg) < 2e-5
+    for rows, cols, rp, cp in ((p.X, p.Y, f, g), (p.Y, p.X, g, f)):
+        grad, gm = tri.transport_grad(rows, cols, rp, cp, 0.4, "ieee")
+        gref, gmref = tb.transport_grad(rows, cols, rp, cp, 0.4, "ieee")
+        assert _rel(grad, gref) < 2e-5 and _rel(gm, gmref) < 2e-5
+    want = _merges(d, 1, 0, m) + _merges(d, 5, 0, m)
+    assert len(calls) == want + _merges(d, d, 0, m, True) + _merges(d, d, 0, n, True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_triton_split_half_points(device, monkeypatch, dtype):
+    calls = _force_split(monkeypatch, 3)
+    B, n, m, d = 1, 41, 99, 3
+    g = torch.Generator().manual_seed(21)
+    x = torch.rand(B, n, d, generator=g).to(device, dtype)
+    y = (torch.rand(B, m, d, generator=g) * 1.3 + 0.2).to(device, dtype)
+    p = prepare(x, y, None, None, rho_x=None, rho_y=None, precision="ieee")
+    assert p.X.x.dtype == dtype
+    f, gp = _pots(p, 22)
+    V = torch.randn(B, m, 1, generator=g).to(device)
+    tri, tb = resolve_backend("triton", p.device, torch.float32), TorchBackend()
+    out, marg = tri.transport(p.X, p.Y, f, gp, 0.3, V, None, None, "ieee")
+    ref, rmarg = tb.transport(p.X, p.Y, f, gp, 0.3, V, None, None, "ieee")
+    assert _rel(out, ref) < 2e-5 and _rel(marg, rmarg) < 2e-5
+    grad, gm = tri.transport_grad(p.X, p.Y, f, gp, 0.3, "ieee")
+    gref, gmref = tb.transport_grad(p.X, p.Y, f, gp, 0.3, "ieee")
+    assert _rel(grad, gref) < 1e-4 and _rel(gm, gmref) < 2e-5
+    assert len(calls) == _merges(d, 1, 0, m) + _merges(d, d, 0, m, grad=True)
+
+
+@pytest.mark.parametrize("cost", ["sqeuclidean", "euclidean"])
+@pytest.mark.parametrize("split", [None, 3])
+def test_triton_tf32_reads_the_float16_grid_points(device, monkeypatch, cost, split):
+    # With precision "tf32" the kernel must read the float16 copies xk (scaled by kscale), never
+    # x: poisoning x with NaN proves it, and the gradient's point tiles (xk · kscale == x
+    # exactly) must still give the gradient of the unpoisoned points.
+    from flashsinkhorn.backends.triton import transport as T
+
+    monkeypatch.setattr(T, "FORCE_SPLIT", split)
+    B, n, m, d, eps = 2, 35, 67, 3, 2.0
+    # Spread points: kscale = 8, so a missing dot_scale or point scale cannot go unnoticed.
+    p = _problem(B, n, m, d, device, zero_weight=True, precision="tf32", cost=cost, spread=5.0)
+    assert p.X.xk is not None and p.X.xk.dtype == torch.float16 and p.X.kscale == 8.0
+    assert torch.equal(p.X.xk.float() * p.X.kscale, p.X.x)
+    f, g = _pots(p, 19, eps)
+    gen = torch.Generator().manual_seed(20)
+    X = replace(p.X, x=torch.full_like(p.X.x, float("nan")))
+    Y = replace(p.Y, x=torch.full_like(p.Y.x, float("nan")))
+    tri, tb = resolve_backend("triton", p.device, torch.float32), TorchBackend()
+    # Interpreter: every dot is exact-product fp32. CUDA: the value dots round to TF32, and the
+    # score sums run in another order (scores up to ~35 here).
+    exact = 2e-5 if device.type == "cpu" else 1e-4
+    tol = exact if device.type == "cpu" else 3e-3
+    for p_width in (1, 5):
+        V = torch.randn(B, m, p_width, generator=gen).to(device)
+        out, marg = tri.transport(X, Y, f, g, eps, V, None, None, "tf32")
+        ref, rmarg = tb.transport(p.X, p.Y, f, g, eps, V, None, None, "ieee")
+        assert _rel(out, ref) < (exact if p_width == 1 else tol) and _rel(marg, rmarg) < exact
+    for rows, cols, rows0, cols0, rp, cp in ((X, Y, p.X, p.Y, f, g), (Y, X, p.Y, p.X, g, f)):
+        grad, gm = tri.transport_grad(rows, cols, rp, cp, eps, "tf32")
+        gref, gmref = tb.transport_grad(rows0, cols0, rp, cp, eps, "ieee")
+        assert _rel(grad, gref) < max(tol, 1e-4 if cost == "euclidean" else exact)
+        assert _rel(gm, gmref) < exact
 
 
 # ----- SinkhornResult methods -----

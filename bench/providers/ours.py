@@ -15,7 +15,7 @@ from ._timing import Timing, is_cuda, measure_first_call
 
 SCHEDULES = {"sym": "symmetric", "alt": "alternating"}
 #: precisions of the ``hvp`` case (``flashsinkhorn-hvp-<precision>``)
-HVP_PRECISIONS = ("ieee", "tf32")
+HVP_PRECISIONS = ("ieee", "tf32x3", "tf32")
 
 
 #: ``fwd`` methods with other costs (docs/costs.md), measured at n = m = 10,000, d = 64 only:

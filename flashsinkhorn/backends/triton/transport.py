@@ -10,20 +10,33 @@ derivation: docs/transport.md.
 
 V of any width p: up to BLOCK_P columns the accumulator lives in registers; wider V is
 accumulated in the fp32 output buffer itself, chunk by chunk, so the score tile is still
-computed once per column tile (never once per feature chunk).
+computed once per column tile (never once per feature chunk). One value column is a row sum,
+not a dot. Score operands are the soft-min's (``lse.operands``: float16 grid copies at "tf32").
+When the row blocks cannot fill the GPU the column sweep is split as in the soft-min; the
+partials (max, sum, accumulator rows) are merged by ``_apply_combine_kernel``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from ...problem import Side
-from .configs import interpreter_operand, interpreting
-from .lse import _col_bias, _cost_scores, _label_rows, _label_tile, _online_lse, cost_args
+from .configs import interpreting
+from .lse import (
+    _chunk,
+    _col_bias,
+    _cost_scores,
+    _label_rows,
+    _label_tile,
+    _online_lse,
+    cost_args,
+    operands,
+    plan_split,
+)
 
 _DYNAMIC = [
     "n_rows",
@@ -38,6 +51,10 @@ _DYNAMIC = [
     "s_ab",
     "s_bb",
     "n_lab",
+    "cols_per_split",
+    "n_split",
+    "s_ps",
+    "s_pa",
 ]
 
 
@@ -75,6 +92,10 @@ def transport_config(d: int, p: int, r: int) -> TransportConfig:
     # Register accumulator up to 128 value columns; wider V streams through the output.
     bp, pt = _tiles(p, 128 if p <= 128 else 64)
     br, rt = _tiles(r, 64)
+    if p == 1 and r == 0 and d <= 128:
+        # One value column (the HVP's P v, Pᵀ u) is a soft-min sweep plus one FMA and a row sum
+        # per score (no second dot): the soft-min's tile shape (lse_config, d <= 128).
+        return TransportConfig(128, 64, bd, dt, bp, pt, br, rt, 8, 3)
     wide = bd > 32 or bp > 32 or dt > 1 or pt > 1
     return TransportConfig(64, 64, bd, dt, bp, pt, br, rt, 8 if wide else 4, 2)
 
@@ -103,18 +124,60 @@ def _score_tile(
     return b_s, b_c
 
 
+@triton.jit
+def _transport_epilogue(
+    b_max, b_sum, b_wsum, b_acc, R, Rsq, Rlogw, Rpot, Out, Marg,
+    i_b64, o_m, m_m, o_vr, p, s_rb, s_rn, s_ob, s_on, inv_eps2, rscale,
+    BLOCK_P: tl.constexpr, P_TILES: tl.constexpr,
+    HAS_V: tl.constexpr, GRAD: tl.constexpr, EUCLID: tl.constexpr,
+):
+    # â_i = 2^(ha_i + max_i) s_i, and out_i = (â_i / s_i) acc_i = 2^(ha_i + max_i) acc_i. With
+    # P_TILES > 1 the accumulator is the program's rows of Out (b_acc unused). For GRAD the row
+    # points are read from the score operand R, times rscale (a power of two: exact).
+    o_m64 = o_m.to(tl.int64)
+    o_p = tl.arange(0, BLOCK_P)
+    p_o = Out + i_b64 * s_ob + o_m64[:, None] * s_on + o_p[None, :]
+    p_x = R + i_b64 * s_rb + o_m64[:, None] * s_rn + o_p[None, :]
+    if EUCLID:
+        b_ha = tl.load(Rpot + o_vr, mask=m_m, other=0.0) * inv_eps2
+    else:
+        b_ha = (tl.load(Rpot + o_vr, mask=m_m, other=0.0) - tl.load(Rsq + o_vr, mask=m_m, other=0.0)) * inv_eps2
+    b_ha += tl.load(Rlogw + o_vr, mask=m_m, other=float("-inf")) * 1.4426950408889634
+    b_scale = tl.where(b_max == float("-inf"), 0.0, tl.exp2(b_ha + b_max))
+    b_scale = tl.where(b_scale == b_scale, b_scale, 0.0)  # zero weight and -inf max: no mass
+    b_marg = b_scale * b_sum
+    tl.store(Marg + o_vr, b_marg, mask=m_m)
+    if HAS_V:
+        for i_p in range(P_TILES):
+            m_p = (i_p * BLOCK_P + o_p) < p
+            m_o = m_m[:, None] & m_p[None, :]
+            if P_TILES == 1:
+                b_out = b_acc * b_scale[:, None]
+            else:
+                b_out = tl.load(p_o + i_p * BLOCK_P, mask=m_o, other=0.0) * b_scale[:, None]
+            if GRAD:
+                b_x = tl.load(p_x + i_p * BLOCK_P, mask=m_o, other=0.0).to(tl.float32) * rscale
+                if EUCLID:
+                    b_out = (b_scale * b_wsum)[:, None] * b_x - b_out
+                else:
+                    b_out = 2.0 * (b_marg[:, None] * b_x - b_out)
+            tl.store(p_o + i_p * BLOCK_P, b_out, mask=m_o)
+
+
 @triton.jit(do_not_specialize=_DYNAMIC)
 def _apply_fwd_kernel(
     R, C, Rsq, Csq, Rlogw, Clogw, Rpot, Cpot, V, A, Bw, Out, Marg, Rlab, Clab, Lcost,
-    n_rows, n_cols, d, p, r, n_lab,
+    Pmax, Psum, Pwsum, Pacc,
+    n_rows, n_cols, d, p, r, n_lab, cols_per_split, n_split,
     s_rb, s_rn, s_cb, s_cn, s_vrb, s_vcb,
-    s_Vb, s_Vn, s_ob, s_on, s_ab, s_an, s_bb, s_bn,
-    eps, sq_floor, lscale,
+    s_Vb, s_Vn, s_ob, s_on, s_ab, s_an, s_bb, s_bn, s_ps, s_pa,
+    eps, sq_floor, lscale, dot_scale, rscale, vscale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     D_TILES: tl.constexpr, BLOCK_P: tl.constexpr, P_TILES: tl.constexpr,
     BLOCK_R: tl.constexpr, R_TILES: tl.constexpr,
-    HAS_V: tl.constexpr, HADAMARD: tl.constexpr, GRAD: tl.constexpr, PRECISION: tl.constexpr,
-    SCORE_PRECISION: tl.constexpr, EUCLID: tl.constexpr, LABELS: tl.constexpr,
+    HAS_V: tl.constexpr, HADAMARD: tl.constexpr, GRAD: tl.constexpr, VEC: tl.constexpr,
+    PRECISION: tl.constexpr, SCORE_PRECISION: tl.constexpr,
+    EUCLID: tl.constexpr, LABELS: tl.constexpr,
 ):
     # Other costs (docs/costs.md): the score tile comes from lse._cost_scores; the euclidean
     # gradient Σ_j P_ij (x_i − y_j) / D_ij is this kernel with the Hadamard weights 1 / D_ij
@@ -122,10 +185,14 @@ def _apply_fwd_kernel(
     # Base-2 scores z_ij = x_i·y_j (2 log2e / eps) + h_j with the column bias
     # h_j = (p_j − ‖y_j‖²) log2e / eps + log2 w_j; log2 P_ij = ha_i + z_ij with the row
     # prefactor ha_i = (p_i − ‖x_i‖²) log2e / eps + log2 w_i, applied once in the epilogue.
-    scale2 = 2.0 * 1.4426950408889634 / eps
+    # R, C are the score operands: possibly float16 points divided by a power of two, whose
+    # product dot_scale restores (lse.operands); rscale / vscale restore the row points and the
+    # gradient's values (the column points) exactly.
+    scale2 = 2.0 * 1.4426950408889634 * dot_scale / eps
     inv_eps2 = 1.4426950408889634 / eps
     i_m = tl.program_id(0)
     i_b64 = tl.program_id(1).to(tl.int64)
+    i_s = tl.program_id(2)
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_m = o_m < n_rows
     o_m64 = o_m.to(tl.int64)
@@ -150,7 +217,11 @@ def _apply_fwd_kernel(
     b_sum = tl.zeros([BLOCK_M], tl.float32)
     b_wsum = tl.zeros([BLOCK_M], tl.float32)
     b_acc = tl.zeros([BLOCK_M, BLOCK_P], tl.float32)
-    for start_n in range(0, n_cols, BLOCK_N):
+    # With n_split > 1 this program sweeps one chunk of the columns (a multiple of BLOCK_N) and
+    # leaves its unnormalised partials for _apply_combine_kernel (docs/transport.md).
+    col_start = i_s * cols_per_split
+    col_stop = tl.minimum(col_start + cols_per_split, n_cols)
+    for start_n in range(col_start, col_stop, BLOCK_N):
         o_n = start_n + tl.arange(0, BLOCK_N)
         m_n = o_n < n_cols
         o_n64 = o_n.to(tl.int64)
@@ -163,7 +234,7 @@ def _apply_fwd_kernel(
         b_lab = b_s
         if LABELS:
             b_lab = _label_tile(Lcost, b_lr, b_w0, b_w1, Clab, o_vc, m_m, m_n, n_lab, lscale, LABELS)
-        b_z, b_dist = _cost_scores(b_s, b_h, b_rsq, b_csq, b_lab, scale2, inv_eps2, 1.0, sq_floor, EUCLID, LABELS)
+        b_z, b_dist = _cost_scores(b_s, b_h, b_rsq, b_csq, b_lab, scale2, inv_eps2, dot_scale, sq_floor, EUCLID, LABELS)
         # Rows that have only met -inf scores keep max = -inf: shift by 0 so exp2 gives 0.
         b_new, b_alpha, b_ref = _online_lse(b_max, b_sum, b_z)
         b_e = tl.exp2(b_z - b_ref[:, None])
@@ -190,12 +261,17 @@ def _apply_fwd_kernel(
                     b_w = tl.dot(b_a, tl.trans(b_bw), b_w, input_precision=PRECISION)
                 b_e = b_e * b_w
             p_v = V + i_b64 * s_Vb + o_n64[:, None] * s_Vn + o_p[None, :]
-            if P_TILES == 1:
+            if VEC:
+                # One value column: a row reduction in fp32 (no dot padded to 16 columns, no
+                # layout change of the probability tile); every accumulator column holds it.
+                b_v1 = tl.load(V + i_b64 * s_Vb + o_n64 * s_Vn, mask=m_n, other=0.0).to(tl.float32)
+                b_acc = b_acc * b_alpha[:, None] + tl.sum(b_e * b_v1[None, :], 1)[:, None]
+            elif P_TILES == 1:
                 if GRAD and D_TILES == 1:
                     # The values are the column points: reuse the tile already on chip.
-                    b_v = b_c.to(tl.float32)
+                    b_v = b_c.to(tl.float32) * vscale
                 else:
-                    b_v = tl.load(p_v, mask=m_n[:, None] & (o_p[None, :] < p), other=0.0).to(tl.float32)
+                    b_v = tl.load(p_v, mask=m_n[:, None] & (o_p[None, :] < p), other=0.0).to(tl.float32) * vscale
                 b_acc = b_acc * b_alpha[:, None]
                 b_acc = tl.dot(b_e, b_v, b_acc, input_precision=PRECISION)
             else:
@@ -203,7 +279,7 @@ def _apply_fwd_kernel(
                 for i_p in range(P_TILES):
                     m_p = (i_p * BLOCK_P + o_p) < p
                     m_o = m_m[:, None] & m_p[None, :]
-                    b_v = tl.load(p_v + i_p * BLOCK_P, mask=m_n[:, None] & m_p[None, :], other=0.0).to(tl.float32)
+                    b_v = tl.load(p_v + i_p * BLOCK_P, mask=m_n[:, None] & m_p[None, :], other=0.0).to(tl.float32) * vscale
                     b_o = tl.load(p_o + i_p * BLOCK_P, mask=m_o, other=0.0) * b_alpha[:, None]
                     b_o = tl.dot(b_e, b_v, b_o, input_precision=PRECISION)
                     tl.store(p_o + i_p * BLOCK_P, b_o, mask=m_o)
@@ -211,55 +287,101 @@ def _apply_fwd_kernel(
                 # threads of the program: order them.
                 tl.debug_barrier()
 
-    # Epilogue: â_i = 2^(ha_i + max_i) s_i, and out_i = (â_i / s_i) acc_i = 2^(ha_i + max_i) acc_i.
-    if EUCLID:
-        b_ha = tl.load(Rpot + o_vr, mask=m_m, other=0.0) * inv_eps2
+    # A run-time branch, not a constexpr: one compiled kernel serves every n and m. The host
+    # never splits the wide (P_TILES > 1) case, whose accumulator is Out itself.
+    if n_split > 1:
+        o_pr = i_b64 * n_rows + o_m64
+        tl.store(Pmax + i_s * s_ps + o_pr, b_max, mask=m_m)
+        tl.store(Psum + i_s * s_ps + o_pr, b_sum, mask=m_m)
+        if GRAD and EUCLID:
+            tl.store(Pwsum + i_s * s_ps + o_pr, b_wsum, mask=m_m)
+        if HAS_V and P_TILES == 1:
+            p_pa = Pacc + i_s * s_pa + o_pr[:, None] * p + o_p[None, :]
+            tl.store(p_pa, b_acc, mask=m_m[:, None] & (o_p[None, :] < p))
     else:
-        b_ha = (tl.load(Rpot + o_vr, mask=m_m, other=0.0) - tl.load(Rsq + o_vr, mask=m_m, other=0.0)) * inv_eps2
-    b_ha += tl.load(Rlogw + o_vr, mask=m_m, other=float("-inf")) * 1.4426950408889634
-    b_scale = tl.where(b_max == float("-inf"), 0.0, tl.exp2(b_ha + b_max))
-    b_scale = tl.where(b_scale == b_scale, b_scale, 0.0)  # zero weight and -inf max: no mass
-    b_marg = b_scale * b_sum
-    tl.store(Marg + o_vr, b_marg, mask=m_m)
-    if HAS_V:
-        if P_TILES == 1:
-            b_out = b_acc * b_scale[:, None]
-            if GRAD:
-                if D_TILES == 1:
-                    b_x = b_r.to(tl.float32)
-                else:
-                    b_x = tl.load(p_r, mask=m_m[:, None] & (o_p[None, :] < p), other=0.0).to(tl.float32)
-                if EUCLID:
-                    b_out = (b_scale * b_wsum)[:, None] * b_x - b_out
-                else:
-                    b_out = 2.0 * (b_marg[:, None] * b_x - b_out)
-            tl.store(p_o, b_out, mask=m_m[:, None] & (o_p[None, :] < p))
-        else:
-            for i_p in range(P_TILES):
-                m_p = (i_p * BLOCK_P + o_p) < p
-                m_o = m_m[:, None] & m_p[None, :]
-                b_out = tl.load(p_o + i_p * BLOCK_P, mask=m_o, other=0.0) * b_scale[:, None]
-                if GRAD:
-                    b_x = tl.load(p_r + i_p * BLOCK_P, mask=m_o, other=0.0).to(tl.float32)
-                    if EUCLID:
-                        b_out = (b_scale * b_wsum)[:, None] * b_x - b_out
-                    else:
-                        b_out = 2.0 * (b_marg[:, None] * b_x - b_out)
-                tl.store(p_o + i_p * BLOCK_P, b_out, mask=m_o)
+        _transport_epilogue(
+            b_max, b_sum, b_wsum, b_acc, R, Rsq, Rlogw, Rpot, Out, Marg,
+            i_b64, o_m, m_m, o_vr, p, s_rb, s_rn, s_ob, s_on, inv_eps2, rscale,
+            BLOCK_P, P_TILES, HAS_V, GRAD, EUCLID,
+        )
+
+
+@triton.jit(do_not_specialize=_DYNAMIC)
+def _apply_combine_kernel(
+    Pmax, Psum, Pwsum, Pacc, R, Rsq, Rlogw, Rpot, Out, Marg,
+    n_rows, p, n_split,
+    s_rb, s_rn, s_vrb, s_ob, s_on, s_ps, s_pa,
+    eps, rscale,
+    BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
+    HAS_V: tl.constexpr, GRAD: tl.constexpr, EUCLID: tl.constexpr,
+):
+    # Merges the partials of a split sweep: max = max_k max_k, and every other partial
+    # (sum, weighted sum, accumulator rows) scaled by 2^(max_k − max) and added; then the
+    # epilogue of the unsplit kernel.
+    inv_eps2 = 1.4426950408889634 / eps
+    i_m = tl.program_id(0)
+    i_b64 = tl.program_id(1).to(tl.int64)
+    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_m = o_m < n_rows
+    o_pr = i_b64 * n_rows + o_m.to(tl.int64)
+    o_p = tl.arange(0, BLOCK_P)
+    m_a = m_m[:, None] & (o_p[None, :] < p)
+    b_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for i_s in range(n_split):
+        b_max = tl.maximum(b_max, tl.load(Pmax + i_s * s_ps + o_pr, mask=m_m, other=float("-inf")))
+    b_ref = tl.where(b_max == float("-inf"), 0.0, b_max)
+    b_sum = tl.zeros([BLOCK_M], tl.float32)
+    b_wsum = tl.zeros([BLOCK_M], tl.float32)
+    b_acc = tl.zeros([BLOCK_M, BLOCK_P], tl.float32)
+    for i_s in range(n_split):
+        b_f = tl.exp2(tl.load(Pmax + i_s * s_ps + o_pr, mask=m_m, other=float("-inf")) - b_ref)
+        b_sum += tl.load(Psum + i_s * s_ps + o_pr, mask=m_m, other=0.0) * b_f
+        if GRAD and EUCLID:
+            b_wsum += tl.load(Pwsum + i_s * s_ps + o_pr, mask=m_m, other=0.0) * b_f
+        if HAS_V:
+            p_pa = Pacc + i_s * s_pa + o_pr[:, None] * p + o_p[None, :]
+            b_acc += tl.load(p_pa, mask=m_a, other=0.0) * b_f[:, None]
+    o_vr = i_b64 * s_vrb + o_m
+    _transport_epilogue(
+        b_max, b_sum, b_wsum, b_acc, R, Rsq, Rlogw, Rpot, Out, Marg,
+        i_b64, o_m, m_m, o_vr, p, s_rb, s_rn, s_ob, s_on, inv_eps2, rscale,
+        BLOCK_P, 1, HAS_V, GRAD, EUCLID,
+    )
+
+
+# Tests set this to force a split count of the column sweep; None lets lse.split_count decide.
+FORCE_SPLIT: int | None = None
+_COMBINE_ROWS = 32
+
+
+def _split_plan(n_programs: int, m: int, block_n: int, device, splittable: bool):
+    """(number of column chunks, columns per chunk): lse.plan_split, or no split for wide V."""
+    m1 = max(m, 1)
+    if not splittable:
+        return 1, m1
+    if FORCE_SPLIT is not None:
+        cps = _chunk(m1, max(1, min(FORCE_SPLIT, triton.cdiv(m1, block_n))), block_n)
+        return triton.cdiv(m1, cps), cps
+    return plan_split(n_programs, m1, block_n, device)
 
 
 def _launch(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, precision, grad):
     B, n, d = rows.x.shape
     m = cols.x.shape[1]
     dtype = rows.sq.dtype
-    # Side is frozen: swap in interpreter-safe operands on local copies of the dataclass.
-    rows = replace(rows, x=interpreter_operand(rows.x))
-    cols = replace(cols, x=interpreter_operand(cols.x))
+    # Score operands as the soft-min reads them: with precision "tf32" the float16 copies on the
+    # TF32 grid (dot_scale = kscale² restores the product), half points as they are (fp32
+    # accumulation; "ieee" is only valid for fp32 operands, so the flag is "tf32" there).
+    xr, xc, dot_scale, score_prec = operands(rows, cols, precision)
+    rscale = float(rows.kscale) if xr is rows.xk else 1.0
+    cscale = float(cols.kscale) if xc is cols.xk else 1.0
     row_pot = row_pot.to(dtype).contiguous()
     col_pot = col_pot.to(dtype).contiguous()
     marg = torch.empty_like(rows.sq)
+    vscale = 1.0
     if grad:
-        V = cols.x
+        # The values are the column points: read through the score operand, times its scale.
+        V, vscale = xc, cscale
     has_v = V is not None
     p = V.shape[2] if has_v else 1
     r = A.shape[2] if A is not None else 0
@@ -283,25 +405,44 @@ def _launch(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, precision, 
     else:
         A = Bw = marg
     s3 = lambda t: (t.stride(0), t.stride(1)) if t.dim() == 3 else (0, 0)  # noqa: E731
-    grid = (triton.cdiv(n, cfg.block_m), B)
+    n_blocks = triton.cdiv(n, cfg.block_m)
+    split, cps = _split_plan(n_blocks * B, m, cfg.block_n, rows.x.device, cfg.p_tiles == 1)
     euclid, labels, rlab, clab, lcost, n_lab, lscale = cost_args(rows, cols)
-    # Half points: the score dot multiplies half by half (exact products, fp32 accumulation);
-    # "ieee" is only valid for fp32 operands, so it takes the tensor-core flag there.
-    score_prec = precision if rows.x.dtype == torch.float32 else "tf32"
-    _apply_fwd_kernel[grid](
-        rows.x, cols.x, rows.sq, cols.sq, rows.logw, cols.logw, row_pot, col_pot,
+    pmax = psum = pwsum = pacc = marg  # placeholders when not split
+    if split > 1:
+        f32 = dict(dtype=torch.float32, device=rows.x.device)
+        pmax = torch.empty((split, B, n), **f32)
+        psum = torch.empty((split, B, n), **f32)
+        if grad and euclid:
+            pwsum = torch.empty((split, B, n), **f32)
+        if has_v:
+            pacc = torch.empty((split, B, n, p), **f32)
+    vec = has_v and p == 1 and not grad
+    _apply_fwd_kernel[(n_blocks, B, split)](
+        xr, xc, rows.sq, cols.sq, rows.logw, cols.logw, row_pot, col_pot,
         V, A, Bw, out, marg, rlab, clab, lcost,
-        n, m, d, p, r, n_lab,
-        rows.x.stride(0), rows.x.stride(1), cols.x.stride(0), cols.x.stride(1),
+        pmax, psum, pwsum, pacc,
+        n, m, d, p, r, n_lab, cps, split,
+        xr.stride(0), xr.stride(1), xc.stride(0), xc.stride(1),
         rows.sq.stride(0), cols.sq.stride(0),
-        *s3(V), *s3(out), *s3(A), *s3(Bw),
-        float(eps), float(cols.sq_floor), lscale,
+        *s3(V), *s3(out), *s3(A), *s3(Bw), B * n, B * n * p,
+        float(eps), float(cols.sq_floor), lscale, float(dot_scale), rscale, vscale,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
         BLOCK_P=cfg.block_p, P_TILES=cfg.p_tiles, BLOCK_R=cfg.block_r, R_TILES=cfg.r_tiles,
-        HAS_V=has_v, HADAMARD=r > 0, GRAD=grad, PRECISION=precision,
+        HAS_V=has_v, HADAMARD=r > 0, GRAD=grad, VEC=vec, PRECISION=precision,
         SCORE_PRECISION=score_prec, EUCLID=euclid, LABELS=labels,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    if split > 1:
+        _apply_combine_kernel[(triton.cdiv(n, _COMBINE_ROWS), B)](
+            pmax, psum, pwsum, pacc, xr, rows.sq, rows.logw, row_pot, out, marg,
+            n, p, split,
+            xr.stride(0), xr.stride(1), rows.sq.stride(0), *s3(out), B * n, B * n * p,
+            float(eps), rscale,
+            BLOCK_M=_COMBINE_ROWS, BLOCK_P=cfg.block_p,
+            HAS_V=has_v, GRAD=grad, EUCLID=euclid,
+            num_warps=4,
+        )
     return (out if has_v else None), marg
 
 
