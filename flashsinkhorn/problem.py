@@ -33,8 +33,10 @@ class Side:
     w: torch.Tensor
     logw: torch.Tensor
     rho: float | None
-    #: Kernel operand for precision "tf32": the points as float16 after division by
-    #: ``kscale`` (a power of two), or None to use ``x``. ``x`` holds exactly the same points.
+    #: Kernel operand on float32 input, or None to use ``x``. Precision "tf32": (B, n, d) float16,
+    #: the points divided by ``kscale`` (a power of two); ``x`` holds exactly the same points.
+    #: Precision "tf32x3": (B, n, 2d) float16 parts [hi | lo] with hi + lo = x / kscale to
+    #: 22 bits (``split_half``); ``x`` keeps the float32 points.
     xk: torch.Tensor | None = None
     kscale: float = 1.0
     #: Some weights are zero. Such points carry no mass, so the iteration never corrects
@@ -55,6 +57,11 @@ class Side:
     @property
     def n(self) -> int:
         return self.x.shape[1]
+
+    @property
+    def split(self) -> bool:
+        """True when ``xk`` holds float16 hi/lo parts (precision "tf32x3")."""
+        return self.xk is not None and self.xk.shape[-1] == 2 * self.x.shape[-1]
 
     @property
     def mass(self) -> torch.Tensor:
@@ -127,12 +134,6 @@ def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
     return i.view(torch.float32)
 
 
-def grid_scale(*clouds: torch.Tensor) -> float:
-    """Power of two s with max |coordinate| / s in (1/2, 1]: float16 then has no overflow."""
-    amax = max(float(c.abs().max()) for c in clouds)
-    return 2.0 ** math.ceil(math.log2(amax)) if amax > 0 else 1.0
-
-
 def round_to_half_grid(x: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Rounds float32 points to the float16 grid scaled by ``scale``.
 
@@ -145,6 +146,34 @@ def round_to_half_grid(x: torch.Tensor, scale: float) -> tuple[torch.Tensor, tor
     """
     half = (x / scale).to(torch.float16)
     return half.to(torch.float32) * scale, half.contiguous()
+
+
+#: The split scale puts max |coordinate| / kscale in (2^13, 2^14]: the high parts stay below
+#: float16's 65504 and the low parts (about 2^-11 of the high ones) stay normal for every
+#: coordinate above 2^-17 of the largest.
+SPLIT_HEADROOM = 2.0**14
+
+
+def kernel_scale(precision: str, amax: float) -> float:
+    """``kscale`` of the float16 kernel operands for the largest |centred coordinate| amax."""
+    if amax <= 0 or precision not in ("tf32", "tf32x3"):
+        return 1.0
+    s = 2.0 ** math.ceil(math.log2(amax))
+    return s if precision == "tf32" else s / SPLIT_HEADROOM
+
+
+def split_half(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """(…, 2d) float16 [hi | lo] with hi + lo = x / scale to 22 significant bits.
+
+    hi is x / scale rounded to float16 and lo the float16 rounding of the exact float32
+    remainder, as TF32x3 splits its operands: tensor-core products hi·hi + hi·lo + lo·hi give
+    x·y to about 2^-22 relative (the dropped lo·lo is 2^-22 of the product), at the float16
+    rate and with the bytes of the float32 points.
+    """
+    xs = x.to(torch.float32) / scale
+    hi = xs.to(torch.float16)
+    lo = (xs - hi.to(torch.float32)).to(torch.float16)
+    return torch.cat([hi, lo], -1).contiguous()
 
 
 def _batched(t: torch.Tensor, batched: bool) -> torch.Tensor:
@@ -247,8 +276,8 @@ def prepare(
     Xc = Xc - centre[:, None, :]
     Yc = Yc - centre[:, None, :]
     kscale = 1.0
-    if precision == "tf32" and X.dtype == torch.float32:
-        kscale = grid_scale(Xc, Yc)
+    if X.dtype == torch.float32 and precision in ("tf32", "tf32x3"):
+        kscale = kernel_scale(precision, float(torch.maximum(Xc.abs().max(), Yc.abs().max())))
     side_x = centred_side(Xc, X.dtype, wa, rho_x, precision, kscale, null_a)
     side_y = centred_side(Yc, X.dtype, wb, rho_y, precision, kscale, null_b)
     if cost != "sqeuclidean" or labels is not None:
@@ -268,12 +297,15 @@ def centred_side(
     """The :class:`Side` of centred points ``xc`` (potential dtype), as the kernels read them.
 
     Precision "tf32" on float32 input rounds the points to the float16 grid of ``kscale``;
-    half-precision input stays half (fp32 accumulation in the kernels). Norms are always those
-    of the points the kernels will read.
+    "tf32x3" adds float16 hi/lo parts of the unrounded points (``split_half``); half-precision
+    input stays half (fp32 accumulation in the kernels). Norms are always those of the points
+    the kernels will read.
     """
     xk = None
     if precision == "tf32" and in_dtype == torch.float32:
         xc, xk = round_to_half_grid(xc, kscale)
+    elif precision == "tf32x3" and in_dtype == torch.float32:
+        xk = split_half(xc, kscale)
     sq = (xc * xc).sum(-1)
     if in_dtype in (torch.float16, torch.bfloat16):
         xc = xc.to(in_dtype)

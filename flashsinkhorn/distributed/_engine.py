@@ -29,7 +29,7 @@ import torch.distributed as dist
 from .. import _validation as V
 from ..backends import resolve_backend
 from ..functional import resolve_precision
-from ..problem import Side, centred_side, grid_scale
+from ..problem import Side, centred_side, kernel_scale, split_half
 from ..solvers import eps_schedule
 from ..solvers.objective import _phi, side_error
 from ._comm import Comm, comm_device, require_group
@@ -159,14 +159,20 @@ def _exchange_meta(comm: Comm, failure, x, y, a, b, opts: Options | None):
 
 
 def _payload(side: Side) -> list[torch.Tensor]:
-    """What represents a Side on the wire: kernel points (B=1) and (2, n) norms + weights."""
-    pts = side.xk if side.xk is not None else side.x
+    """What represents a Side on the wire: kernel points (B=1) and (2, n) norms + weights.
+
+    Grid copies ("tf32") travel as float16; split parts ("tf32x3") are rebuilt from the
+    float32 points on arrival, so those travel instead.
+    """
+    pts = side.xk if side.xk is not None and not side.split else side.x
     return [pts.contiguous(), torch.cat([side.sq, side.w], 0)]
 
 
 def _unpack(pts: torch.Tensor, sqw: torch.Tensor, like: Side) -> Side:
     """Rebuilds a Side from its payload; bit-identical to the Side its owner built."""
-    if like.xk is not None:
+    if like.split:
+        x, xk = pts, split_half(pts, like.kscale)
+    elif like.xk is not None:
         x, xk = pts.to(torch.float32) * like.kscale, pts
     else:
         x, xk = pts, None
@@ -280,9 +286,9 @@ class Sharded:
         Xc = Xc - centre[:, None, :]
         Yc = Yc - centre[:, None, :]
         kscale = 1.0
-        if self.precision == "tf32" and x.dtype == torch.float32:
+        if self.precision in ("tf32", "tf32x3") and x.dtype == torch.float32:
             amax = torch.maximum(Xc.abs().max(), Yc.abs().max()).reshape(1).to(comm.device)
-            kscale = grid_scale(comm.all_reduce(amax, dist.ReduceOp.MAX))
+            kscale = kernel_scale(self.precision, float(comm.all_reduce(amax, dist.ReduceOp.MAX)))
         self.X = centred_side(Xc, x.dtype, wa, opts.rho_x, self.precision, kscale, null_a)
         self.Y = centred_side(Yc, x.dtype, wb, opts.rho_y, self.precision, kscale, null_b)
         diameter = opts.diameter

@@ -54,6 +54,30 @@ _DYNAMIC = [
 
 
 @triton.jit
+def _load_parts(p_t, m_t, d, PRECISION: tl.constexpr):
+    # A tile of score operands and, for PRECISION "f16x3", its low float16 part (stored d
+    # columns to the right, problem.split_half); otherwise the tile twice (no second load).
+    b_t = tl.load(p_t, mask=m_t, other=0.0)
+    b_tl = b_t
+    if PRECISION == "f16x3":
+        b_tl = tl.load(p_t + d, mask=m_t, other=0.0)
+    return b_t, b_tl
+
+
+@triton.jit
+def _score_dot(b_r, b_rl, b_c, b_cl, b_acc, PRECISION: tl.constexpr):
+    # b_acc + r·cᵀ for one tile. "f16x3": hi·hi + hi·lo + lo·hi of the split parts, the small
+    # products first; the float16 products are exact and accumulate in fp32 (docs/kernels.md).
+    if PRECISION == "f16x3":
+        b_acc = tl.dot(b_rl, tl.trans(b_c), b_acc)
+        b_acc = tl.dot(b_r, tl.trans(b_cl), b_acc)
+        b_acc = tl.dot(b_r, tl.trans(b_c), b_acc)
+    else:
+        b_acc = tl.dot(b_r, tl.trans(b_c), b_acc, input_precision=PRECISION)
+    return b_acc
+
+
+@triton.jit
 def _col_bias(Cpot, Csq, Clogw, o_vc, m_n, inv_eps2, EUCLID: tl.constexpr):
     # Base-2 column bias h_j and the column squared norms. Squared Euclidean (shifted form):
     # h_j = (p_j − ‖c_j‖²) log2e / eps + log2 w_j; euclidean: h_j = p_j log2e / eps + log2 w_j.
@@ -229,7 +253,7 @@ def _softmin_rows(
     p_r = R + i_b64 * s_rb + o_m.to(tl.int64)[:, None] * s_rn + o_d[None, :]
     p_c0 = C + i_b64 * s_cb
     if D_TILES == 1:
-        b_r = tl.load(p_r, mask=m_m[:, None] & (o_d[None, :] < d), other=0.0)
+        b_r, b_rl = _load_parts(p_r, m_m[:, None] & (o_d[None, :] < d), d, PRECISION)
     o_vr = i_b64 * s_vrb + o_m
     # Row-side operands of the cost tile, fixed over the column sweep.
     b_rsq = tl.zeros([BLOCK_M], tl.float32)
@@ -249,16 +273,20 @@ def _softmin_rows(
         o_n = start_n + tl.arange(0, BLOCK_N)
         m_n = o_n < n_cols
         p_c = p_c0 + o_n.to(tl.int64)[:, None] * s_cn + o_d[None, :]
+        b_s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         if D_TILES == 1:
-            b_c = tl.load(p_c, mask=m_n[:, None] & (o_d[None, :] < d), other=0.0)
-            b_s = tl.dot(b_r, tl.trans(b_c), input_precision=PRECISION)
+            b_c, b_cl = _load_parts(p_c, m_n[:, None] & (o_d[None, :] < d), d, PRECISION)
+            b_s = _score_dot(b_r, b_rl, b_c, b_cl, b_s, PRECISION)
         else:
-            b_s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for i_d in range(D_TILES):
                 m_d = (i_d * BLOCK_D + o_d) < d
-                b_rd = tl.load(p_r + i_d * BLOCK_D, mask=m_m[:, None] & m_d[None, :], other=0.0)
-                b_cd = tl.load(p_c + i_d * BLOCK_D, mask=m_n[:, None] & m_d[None, :], other=0.0)
-                b_s = tl.dot(b_rd, tl.trans(b_cd), b_s, input_precision=PRECISION)
+                b_rd, b_rdl = _load_parts(
+                    p_r + i_d * BLOCK_D, m_m[:, None] & m_d[None, :], d, PRECISION
+                )
+                b_cd, b_cdl = _load_parts(
+                    p_c + i_d * BLOCK_D, m_n[:, None] & m_d[None, :], d, PRECISION
+                )
+                b_s = _score_dot(b_rd, b_rdl, b_cd, b_cdl, b_s, PRECISION)
         o_vc = i_b64 * s_vcb + o_n
         b_h, b_csq = _col_bias(Cpot, Csq, Clogw, o_vc, m_n, inv_eps2, EUCLID)
         b_lab = b_s
@@ -710,10 +738,16 @@ def operands(rows: Side, cols: Side, precision: str):
 
     With precision "tf32" the sides carry float16 copies of the points on the same 11-bit grid
     (``problem.round_to_half_grid``): products are exact either way, and float16 halves the
-    bytes and doubles the tensor-core rate.
+    bytes and doubles the tensor-core rate. With "tf32x3" they carry float16 hi/lo parts
+    (``problem.split_half``) and the kernels form hi·hi + hi·lo + lo·hi (flag "f16x3").
     """
     if precision == "tf32" and rows.xk is not None and cols.xk is not None:
         return rows.xk, cols.xk, rows.kscale * cols.kscale, "tf32"
+    if precision == "tf32x3" and rows.split and cols.split:
+        # float16 hi/lo parts: three exact float16 products per score (kernel flag "f16x3")
+        # instead of Triton's TF32x3 on float32 operands, at twice the rate and with no
+        # in-kernel splitting.
+        return rows.xk, cols.xk, rows.kscale * cols.kscale, "f16x3"
     if rows.x.dtype != torch.float32:
         # float16/bfloat16 points: the dot is exact-product with fp32 accumulation whatever
         # the flag, which only selects how fp32 operands use the tensor cores.

@@ -32,7 +32,9 @@ from .lse import (
     _cost_scores,
     _label_rows,
     _label_tile,
+    _load_parts,
     _online_lse,
+    _score_dot,
     cost_args,
     operands,
     plan_split,
@@ -40,6 +42,7 @@ from .lse import (
 
 _DYNAMIC = [
     "n_rows",
+    "s_xb",
     "n_cols",
     "p",
     "s_rb",
@@ -105,39 +108,41 @@ def transport_config(d: int, p: int, r: int) -> TransportConfig:
 # fmt: off
 @triton.jit
 def _score_tile(
-    p_r, p_c, m_m, m_n, b_r, o_d, d,
+    p_r, p_c, m_m, m_n, b_r, b_rl, o_d, d,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     D_TILES: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    # x_I · y_Jᵀ for one tile (PRECISION: that of the point dtype, see _launch); with D_TILES == 1 the row tile b_r is already on chip.
+    # x_I · y_Jᵀ for one tile (PRECISION: the score flag of lse.operands); with D_TILES == 1
+    # the row tile (b_r, and its low part b_rl for "f16x3") is already on chip.
+    b_s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     if D_TILES == 1:
-        b_c = tl.load(p_c, mask=m_n[:, None] & (o_d[None, :] < d), other=0.0)
-        b_s = tl.dot(b_r, tl.trans(b_c), input_precision=PRECISION)
+        b_c, b_cl = _load_parts(p_c, m_n[:, None] & (o_d[None, :] < d), d, PRECISION)
+        b_s = _score_dot(b_r, b_rl, b_c, b_cl, b_s, PRECISION)
     else:
         b_c = tl.zeros([BLOCK_N, BLOCK_D], p_c.dtype.element_ty)
-        b_s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for i_d in range(D_TILES):
             m_d = (i_d * BLOCK_D + o_d) < d
-            b_rd = tl.load(p_r + i_d * BLOCK_D, mask=m_m[:, None] & m_d[None, :], other=0.0)
-            b_cd = tl.load(p_c + i_d * BLOCK_D, mask=m_n[:, None] & m_d[None, :], other=0.0)
-            b_s = tl.dot(b_rd, tl.trans(b_cd), b_s, input_precision=PRECISION)
+            b_rd, b_rdl = _load_parts(p_r + i_d * BLOCK_D, m_m[:, None] & m_d[None, :], d, PRECISION)
+            b_cd, b_cdl = _load_parts(p_c + i_d * BLOCK_D, m_n[:, None] & m_d[None, :], d, PRECISION)
+            b_s = _score_dot(b_rd, b_rdl, b_cd, b_cdl, b_s, PRECISION)
     return b_s, b_c
 
 
 @triton.jit
 def _transport_epilogue(
-    b_max, b_sum, b_wsum, b_acc, R, Rsq, Rlogw, Rpot, Out, Marg,
-    i_b64, o_m, m_m, o_vr, p, s_rb, s_rn, s_ob, s_on, inv_eps2, rscale,
+    b_max, b_sum, b_wsum, b_acc, Rx, Rsq, Rlogw, Rpot, Out, Marg,
+    i_b64, o_m, m_m, o_vr, p, s_xb, s_xn, s_ob, s_on, inv_eps2, rscale,
     BLOCK_P: tl.constexpr, P_TILES: tl.constexpr,
     HAS_V: tl.constexpr, GRAD: tl.constexpr, EUCLID: tl.constexpr,
 ):
     # â_i = 2^(ha_i + max_i) s_i, and out_i = (â_i / s_i) acc_i = 2^(ha_i + max_i) acc_i. With
     # P_TILES > 1 the accumulator is the program's rows of Out (b_acc unused). For GRAD the row
-    # points are read from the score operand R, times rscale (a power of two: exact).
+    # points are read from Rx (the float16 grid copy at "tf32") times rscale (a power of two:
+    # exact).
     o_m64 = o_m.to(tl.int64)
     o_p = tl.arange(0, BLOCK_P)
     p_o = Out + i_b64 * s_ob + o_m64[:, None] * s_on + o_p[None, :]
-    p_x = R + i_b64 * s_rb + o_m64[:, None] * s_rn + o_p[None, :]
+    p_x = Rx + i_b64 * s_xb + o_m64[:, None] * s_xn + o_p[None, :]
     if EUCLID:
         b_ha = tl.load(Rpot + o_vr, mask=m_m, other=0.0) * inv_eps2
     else:
@@ -166,10 +171,10 @@ def _transport_epilogue(
 
 @triton.jit(do_not_specialize=_DYNAMIC)
 def _apply_fwd_kernel(
-    R, C, Rsq, Csq, Rlogw, Clogw, Rpot, Cpot, V, A, Bw, Out, Marg, Rlab, Clab, Lcost,
+    R, C, Rx, Rsq, Csq, Rlogw, Clogw, Rpot, Cpot, V, A, Bw, Out, Marg, Rlab, Clab, Lcost,
     Pmax, Psum, Pwsum, Pacc,
     n_rows, n_cols, d, p, r, n_lab, cols_per_split, n_split,
-    s_rb, s_rn, s_cb, s_cn, s_vrb, s_vcb,
+    s_rb, s_rn, s_cb, s_cn, s_xb, s_xn, s_vrb, s_vcb,
     s_Vb, s_Vn, s_ob, s_on, s_ab, s_an, s_bb, s_bn, s_ps, s_pa,
     eps, sq_floor, lscale, dot_scale, rscale, vscale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -203,8 +208,9 @@ def _apply_fwd_kernel(
     p_c0 = C + i_b64 * s_cb
     p_o = Out + i_b64 * s_ob + o_m64[:, None] * s_on + o_p[None, :]
     b_r = tl.zeros([BLOCK_M, BLOCK_D], R.dtype.element_ty)
+    b_rl = b_r
     if D_TILES == 1:
-        b_r = tl.load(p_r, mask=m_m[:, None] & (o_d[None, :] < d), other=0.0)
+        b_r, b_rl = _load_parts(p_r, m_m[:, None] & (o_d[None, :] < d), d, SCORE_PRECISION)
     o_vr = i_b64 * s_vrb + o_m
     b_rsq = tl.zeros([BLOCK_M], tl.float32)
     if EUCLID:
@@ -227,7 +233,8 @@ def _apply_fwd_kernel(
         o_n64 = o_n.to(tl.int64)
         p_c = p_c0 + o_n64[:, None] * s_cn + o_d[None, :]
         b_s, b_c = _score_tile(
-            p_r, p_c, m_m, m_n, b_r, o_d, d, BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, SCORE_PRECISION
+            p_r, p_c, m_m, m_n, b_r, b_rl, o_d, d, BLOCK_M, BLOCK_N, BLOCK_D, D_TILES,
+            SCORE_PRECISION,
         )
         o_vc = i_b64 * s_vcb + o_n
         b_h, b_csq = _col_bias(Cpot, Csq, Clogw, o_vc, m_n, inv_eps2, EUCLID)
@@ -267,8 +274,9 @@ def _apply_fwd_kernel(
                 b_v1 = tl.load(V + i_b64 * s_Vb + o_n64 * s_Vn, mask=m_n, other=0.0).to(tl.float32)
                 b_acc = b_acc * b_alpha[:, None] + tl.sum(b_e * b_v1[None, :], 1)[:, None]
             elif P_TILES == 1:
-                if GRAD and D_TILES == 1:
-                    # The values are the column points: reuse the tile already on chip.
+                if GRAD and D_TILES == 1 and SCORE_PRECISION != "f16x3":
+                    # The values are the column points: reuse the tile already on chip (with
+                    # split parts the values are the float32 points instead, read from V).
                     b_v = b_c.to(tl.float32) * vscale
                 else:
                     b_v = tl.load(p_v, mask=m_n[:, None] & (o_p[None, :] < p), other=0.0).to(tl.float32) * vscale
@@ -300,17 +308,17 @@ def _apply_fwd_kernel(
             tl.store(p_pa, b_acc, mask=m_m[:, None] & (o_p[None, :] < p))
     else:
         _transport_epilogue(
-            b_max, b_sum, b_wsum, b_acc, R, Rsq, Rlogw, Rpot, Out, Marg,
-            i_b64, o_m, m_m, o_vr, p, s_rb, s_rn, s_ob, s_on, inv_eps2, rscale,
+            b_max, b_sum, b_wsum, b_acc, Rx, Rsq, Rlogw, Rpot, Out, Marg,
+            i_b64, o_m, m_m, o_vr, p, s_xb, s_xn, s_ob, s_on, inv_eps2, rscale,
             BLOCK_P, P_TILES, HAS_V, GRAD, EUCLID,
         )
 
 
 @triton.jit(do_not_specialize=_DYNAMIC)
 def _apply_combine_kernel(
-    Pmax, Psum, Pwsum, Pacc, R, Rsq, Rlogw, Rpot, Out, Marg,
+    Pmax, Psum, Pwsum, Pacc, Rx, Rsq, Rlogw, Rpot, Out, Marg,
     n_rows, p, n_split,
-    s_rb, s_rn, s_vrb, s_ob, s_on, s_ps, s_pa,
+    s_xb, s_xn, s_vrb, s_ob, s_on, s_ps, s_pa,
     eps, rscale,
     BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
     HAS_V: tl.constexpr, GRAD: tl.constexpr, EUCLID: tl.constexpr,
@@ -343,8 +351,8 @@ def _apply_combine_kernel(
             b_acc += tl.load(p_pa, mask=m_a, other=0.0) * b_f[:, None]
     o_vr = i_b64 * s_vrb + o_m
     _transport_epilogue(
-        b_max, b_sum, b_wsum, b_acc, R, Rsq, Rlogw, Rpot, Out, Marg,
-        i_b64, o_m, m_m, o_vr, p, s_rb, s_rn, s_ob, s_on, inv_eps2, rscale,
+        b_max, b_sum, b_wsum, b_acc, Rx, Rsq, Rlogw, Rpot, Out, Marg,
+        i_b64, o_m, m_m, o_vr, p, s_xb, s_xn, s_ob, s_on, inv_eps2, rscale,
         BLOCK_P, 1, HAS_V, GRAD, EUCLID,
     )
 
@@ -373,15 +381,20 @@ def _launch(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, precision, 
     # TF32 grid (dot_scale = kscale² restores the product), half points as they are (fp32
     # accumulation; "ieee" is only valid for fp32 operands, so the flag is "tf32" there).
     xr, xc, dot_scale, score_prec = operands(rows, cols, precision)
-    rscale = float(rows.kscale) if xr is rows.xk else 1.0
-    cscale = float(cols.kscale) if xc is cols.xk else 1.0
+    # Points as the gradient reads them (rows in the epilogue, columns as values): the grid
+    # copies at "tf32" (exact), the float32 points when the operands are split parts.
+    split_ops = score_prec == "f16x3"
+    xpts_r = rows.x if split_ops else xr
+    xpts_c = cols.x if split_ops else xc
+    rscale = float(rows.kscale) if xpts_r is rows.xk else 1.0
+    cscale = float(cols.kscale) if xpts_c is cols.xk else 1.0
     row_pot = row_pot.to(dtype).contiguous()
     col_pot = col_pot.to(dtype).contiguous()
     marg = torch.empty_like(rows.sq)
     vscale = 1.0
     if grad:
         # The values are the column points: read through the score operand, times its scale.
-        V, vscale = xc, cscale
+        V, vscale = xpts_c, cscale
     has_v = V is not None
     p = V.shape[2] if has_v else 1
     r = A.shape[2] if A is not None else 0
@@ -419,11 +432,11 @@ def _launch(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, precision, 
             pacc = torch.empty((split, B, n, p), **f32)
     vec = has_v and p == 1 and not grad
     _apply_fwd_kernel[(n_blocks, B, split)](
-        xr, xc, rows.sq, cols.sq, rows.logw, cols.logw, row_pot, col_pot,
+        xr, xc, xpts_r, rows.sq, cols.sq, rows.logw, cols.logw, row_pot, col_pot,
         V, A, Bw, out, marg, rlab, clab, lcost,
         pmax, psum, pwsum, pacc,
         n, m, d, p, r, n_lab, cps, split,
-        xr.stride(0), xr.stride(1), xc.stride(0), xc.stride(1),
+        xr.stride(0), xr.stride(1), xc.stride(0), xc.stride(1), xpts_r.stride(0), xpts_r.stride(1),
         rows.sq.stride(0), cols.sq.stride(0),
         *s3(V), *s3(out), *s3(A), *s3(Bw), B * n, B * n * p,
         float(eps), float(cols.sq_floor), lscale, float(dot_scale), rscale, vscale,
@@ -435,9 +448,9 @@ def _launch(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, precision, 
     )
     if split > 1:
         _apply_combine_kernel[(triton.cdiv(n, _COMBINE_ROWS), B)](
-            pmax, psum, pwsum, pacc, xr, rows.sq, rows.logw, row_pot, out, marg,
+            pmax, psum, pwsum, pacc, xpts_r, rows.sq, rows.logw, row_pot, out, marg,
             n, p, split,
-            xr.stride(0), xr.stride(1), rows.sq.stride(0), *s3(out), B * n, B * n * p,
+            xpts_r.stride(0), xpts_r.stride(1), rows.sq.stride(0), *s3(out), B * n, B * n * p,
             float(eps), rscale,
             BLOCK_M=_COMBINE_ROWS, BLOCK_P=cfg.block_p,
             HAS_V=has_v, GRAD=grad, EUCLID=euclid,
