@@ -6,9 +6,11 @@
 #   4. bench/dev/transport_probe.py (transport passes and the HVP per precision)
 #   5. bench/dev/hvp_fp32_probe.py (fp32 HVP accuracy: damped vs mean-free Schur solve)
 #   6. bench case hvp, ours only; bench case fwdbwd at 10k, d = 128, ours only
-#   7. a short table
+#   7. hvptests: tests/test_gpu_hvp.py, then tests/test_split_operands.py and
+#      tests/test_transport.py on CUDA; hvpprofile: bench/dev/hvp_profile.py
+#   8. a short table
 # Environment: OUT (default ./out), STAGES (default "tests,fwd,otdd,probe"; also "hvpprobe",
-# "hvpbench", "fwdbwd").
+# "hvpbench", "fwdbwd", "hvptests", "hvpprofile").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-./out}"
@@ -27,7 +29,21 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 rc_tests=skipped; rc_fwd=skipped; rc_otdd=skipped; rc_probe=skipped; rc_hp=skipped; rc_hb=skipped
-rc_fb=skipped
+rc_fb=skipped; rc_ht=skipped; rc_hf=skipped
+if has hvptests; then
+    echo "=== hvp + split-operand tests on CUDA [${SECONDS} s]"
+    timeout 240 python3 -m pytest -q -p no:cacheprovider -rfE -m gpu tests/test_gpu_hvp.py \
+        2>&1 | tee "$OUT/hvp_tests.log" | tail -8
+    rc_ht=${PIPESTATUS[0]}
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_split_operands.py \
+        tests/test_transport.py 2>&1 | tee -a "$OUT/hvp_tests.log" | tail -8
+    rc_ht="$rc_ht/${PIPESTATUS[0]}"
+fi
+if has hvpprofile; then
+    echo "=== hvp profile [${SECONDS} s]"
+    timeout 200 python3 bench/dev/hvp_profile.py --out "$OUT" 2>&1 | tee "$OUT/hvp_profile.log"
+    rc_hf=${PIPESTATUS[0]}
+fi
 if has tests; then
     echo "=== gpu tests [${SECONDS} s]"
     timeout 330 python3 -m pytest -q -m gpu tests --ignore=tests/mhc -p no:cacheprovider -rfE \
@@ -73,5 +89,6 @@ if has fwdbwd; then
     tail -6 "$OUT/fwdbwd_bench.log"
 fi
 echo "=== [${SECONDS} s] tests rc=$rc_tests fwd rc=$rc_fwd otdd rc=$rc_otdd probe rc=$rc_probe" \
-    "hvpprobe rc=$rc_hp hvpbench rc=$rc_hb fwdbwd rc=$rc_fb"
+    "hvpprobe rc=$rc_hp hvpbench rc=$rc_hb fwdbwd rc=$rc_fb hvptests rc=$rc_ht" \
+    "hvpprofile rc=$rc_hf"
 tail -3 "$OUT/gpu_tests.log" 2>/dev/null || true

@@ -7,8 +7,10 @@ The systems are (B, m) symmetric positive (semi-)definite and only available as 
   from it in finite precision and can claim convergence that never happened, so whenever the
   recursive residual passes, the true one is computed (one extra matvec) and CG restarts from
   it if it does not pass;
-- the host is consulted only every ``check_every`` iterations (one ``.tolist()``), so on a GPU
-  the iterations queue without synchronising;
+- the host is consulted only every ``check_every`` iterations, so on a GPU the iterations
+  queue without synchronising; on CUDA a block of ``check_every`` iterations is captured once
+  in a CUDA graph and replayed, so the ~20 small vector operations of an iteration cost no
+  Python launches;
 - with ``project=True`` the system is solved on the complement of the constant vector (the
   null space of the undamped Schur complement): right-hand side, residuals and preconditioned
   residuals are kept mean-free, which is CG on that subspace with the preconditioner Π M Π.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -43,8 +46,77 @@ def _mean_free(v: torch.Tensor) -> torch.Tensor:
     return v - v.mean(-1, keepdim=True)
 
 
+def _identity(v: torch.Tensor) -> torch.Tensor:
+    return v
+
+
 def _dot(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return (u * v).sum(-1)
+
+
+#: CUDA tensors: replay blocks of ``check_every`` iterations from a CUDA graph captured on the
+#: second block (the first runs eagerly and compiles the kernels). Off: every iteration is
+#: launched from Python. docs/performance.md, HVP entry 9.
+USE_CUDA_GRAPHS = True
+
+
+class _State(NamedTuple):
+    w: torch.Tensor
+    r: torch.Tensor
+    z: torch.Tensor
+    p: torch.Tensor
+    rz: torch.Tensor
+    active: torch.Tensor
+
+
+def _restart(r: torch.Tensor, precond, proj) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    z = proj(precond * r)
+    return z, z.clone(), _dot(r, z)
+
+
+def _step(matvec, precond, proj, s: _State) -> _State:
+    """One preconditioned CG iteration; entries with ``active == 0`` keep their iterate."""
+    Sp = matvec(s.p)
+    pSp = _dot(s.p, Sp)
+    alpha = torch.where(pSp > 0, s.rz / torch.where(pSp > 0, pSp, 1.0), 0.0) * s.active
+    w = s.w + alpha[:, None] * s.p
+    r = proj(s.r - alpha[:, None] * Sp)
+    z = proj(precond * r)
+    rz = _dot(r, z)
+    beta = torch.where(s.rz > 0, rz / torch.where(s.rz > 0, s.rz, 1.0), 0.0)
+    return _State(w, r, z, z + beta[:, None] * s.p, rz, s.active)
+
+
+class _GraphedBlock:
+    """``k`` CG iterations captured once in a CUDA graph; each call copies the state into the
+    graph's input buffers and replays (one launch for ~20 kernels × k, no Python per kernel)."""
+
+    def __init__(self, step: Callable[[_State], _State], like: _State, k: int):
+        self.inp = _State(*(t.clone() for t in like))
+        self.graph = torch.cuda.CUDAGraph()
+        # capture_begin/end on a side stream rather than the torch.cuda.graph context, which
+        # also runs gc.collect() and empties the caching allocator on every capture.
+        main = torch.cuda.current_stream()
+        side = torch.cuda.Stream()
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            self.graph.capture_begin()
+            try:
+                out = self.inp
+                for _ in range(k):
+                    out = step(out)
+            finally:
+                self.graph.capture_end()
+        main.wait_stream(side)
+        self.out = out
+
+    def __call__(self, s: _State) -> _State:
+        for dst, src in zip(self.inp, s, strict=True):
+            dst.copy_(src)
+        self.graph.replay()
+        # The outputs are the graph's own buffers: the next call copies them in before it
+        # replays, and the solver clones what it returns.
+        return self.out
 
 
 def cg_solve(
@@ -62,6 +134,8 @@ def cg_solve(
 
     Args:
         matvec: maps (B, m) to (B, m); symmetric positive (semi-)definite per batch entry.
+            On CUDA it must be capturable in a CUDA graph (no host synchronisation), as the
+            library's streaming transports are.
         rhs: (B, m) right-hand sides.
         precond: (B, m) diagonal of the inverse preconditioner (Jacobi), positive.
         tol: stop when every true relative residual is <= tol.
@@ -74,7 +148,7 @@ def cg_solve(
     Returns:
         ``(w (B, m), CGInfo)``.
     """
-    proj = _mean_free if project else (lambda v: v)
+    proj = _mean_free if project else _identity
     rhs = proj(rhs)
     bnorm = rhs.norm(dim=-1)
     bsafe = torch.where(bnorm > 0, bnorm, torch.ones_like(bnorm))
@@ -84,39 +158,35 @@ def cg_solve(
     else:
         w = proj(x0.to(rhs.dtype)).clone()
         r = proj(rhs - matvec(w))
-    z = proj(precond * r)
-    p = z.clone()
-    rz = _dot(r, z)
-    active = torch.ones_like(bnorm)
-    it = restarts = 0
+    s = _State(w, r, *_restart(r, precond, proj), torch.ones_like(bnorm))
+    step = lambda st: _step(matvec, precond, proj, st)  # noqa: E731
+    graphed = USE_CUDA_GRAPHS and rhs.is_cuda and check_every > 1
+    block = None
+    blocks_run = it = restarts = 0
     true_rel = None
     while True:
         if it % check_every == 0 or it >= max_iter:
-            rel = r.norm(dim=-1) / bsafe
-            active = (rel > tol).to(rhs.dtype)
-            if not bool(active.any()) or it >= max_iter:
+            rel = s.r.norm(dim=-1) / bsafe
+            s = s._replace(active=(rel > tol).to(rhs.dtype))
+            if not bool(s.active.any()) or it >= max_iter:
                 # The recursive residual says "done": check the true one before believing it.
-                r_true = proj(rhs - matvec(w))
+                r_true = proj(rhs - matvec(s.w))
                 true_rel = r_true.norm(dim=-1) / bsafe
                 if bool((true_rel <= tol).all()) or it >= max_iter:
                     break
                 restarts += 1
                 true_rel = None
-                r = r_true
-                active = (r.norm(dim=-1) / bsafe > tol).to(rhs.dtype)
-                z = proj(precond * r)
-                p = z.clone()
-                rz = _dot(r, z)
-        Sp = matvec(p)
-        pSp = _dot(p, Sp)
-        alpha = torch.where(pSp > 0, rz / torch.where(pSp > 0, pSp, 1.0), 0.0) * active
-        w = w + alpha[:, None] * p
-        r = proj(r - alpha[:, None] * Sp)
-        z = proj(precond * r)
-        rz_new = _dot(r, z)
-        beta = torch.where(rz > 0, rz_new / torch.where(rz > 0, rz, 1.0), 0.0)
-        p = z + beta[:, None] * p
-        rz = rz_new
-        it += 1
+                active = (r_true.norm(dim=-1) / bsafe > tol).to(rhs.dtype)
+                s = _State(s.w, r_true, *_restart(r_true, precond, proj), active)
+        k = min(check_every - it % check_every, max_iter - it)
+        if graphed and k == check_every and blocks_run > 0:
+            if block is None:
+                block = _GraphedBlock(step, s, k)
+            s = block(s)
+        else:
+            for _ in range(k):
+                s = step(s)
+        blocks_run += 1
+        it += k
     converged = bool((true_rel <= tol).all())
-    return w, CGInfo(iters=it, residual=true_rel, converged=converged, restarts=restarts)
+    return s.w.clone(), CGInfo(iters=it, residual=true_rel, converged=converged, restarts=restarts)
