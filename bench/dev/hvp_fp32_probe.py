@@ -55,29 +55,49 @@ def main():
         for precision in ("ieee", "tf32"):
             for project in (False, True):
                 for cg_tol, cap in ((2e-3, 500), (1e-4, 500), (1e-6, 500)):
-                    out = run(project, **cu, backend="triton", precision=precision,
-                              cg_tol=cg_tol, cg_max_iter=cap, **opts)
+                    out = run(
+                        project,
+                        **cu,
+                        backend="triton",
+                        precision=precision,
+                        cg_tol=cg_tol,
+                        cg_max_iter=cap,
+                        **opts,
+                    )
                     h = out.hvp.double().cpu()
                     info = out.info[0]
-                    rows.append({
-                        "wrt": wrt, "precision": precision, "project": project, "cg_tol": cg_tol,
-                        "iters": info.iters, "residual": float(info.residual.max()),
-                        "converged": bool(out.converged), "restarts": info.restarts,
-                        "err_vs_ref_damped": rel(h, refs[False]),
-                        "err_vs_ref_projected": rel(h, refs[True]),
-                    })
+                    rows.append(
+                        {
+                            "wrt": wrt,
+                            "precision": precision,
+                            "project": project,
+                            "cg_tol": cg_tol,
+                            "iters": info.iters,
+                            "residual": float(info.residual.max()),
+                            "converged": bool(out.converged),
+                            "restarts": info.restarts,
+                            "err_vs_ref_damped": rel(h, refs[False]),
+                            "err_vs_ref_projected": rel(h, refs[True]),
+                        }
+                    )
                     print(rows[-1], flush=True)
     with open(os.path.join(args.out, "hvp_fp32_probe.json"), "w") as fh:
         json.dump({"device": torch.cuda.get_device_name(0), "rows": rows}, fh, indent=1)
-    print(f"{'wrt':3s} {'prec':5s} {'proj':5s} {'cg_tol':>7s} {'its':>4s} {'resid':>9s} "
-          f"{'err damped':>11s} {'err proj':>10s}")
+    print(
+        f"{'wrt':3s} {'prec':5s} {'proj':5s} {'cg_tol':>7s} {'its':>4s} {'resid':>9s} "
+        f"{'err damped':>11s} {'err proj':>10s}"
+    )
     for r in rows:
         if "precision" in r:
-            print(f"{r['wrt']:3s} {r['precision']:5s} {str(r['project']):5s} {r['cg_tol']:7.0e} "
-                  f"{r['iters']:4d} {r['residual']:9.2e} {r['err_vs_ref_damped']:11.2e} "
-                  f"{r['err_vs_ref_projected']:10.2e}")
+            print(
+                f"{r['wrt']:3s} {r['precision']:5s} {str(r['project']):5s} {r['cg_tol']:7.0e} "
+                f"{r['iters']:4d} {r['residual']:9.2e} {r['err_vs_ref_damped']:11.2e} "
+                f"{r['err_vs_ref_projected']:10.2e}"
+            )
         else:
-            print(f"{r['wrt']}: float64 damped vs projected reference: {r['ref_damped_vs_projected']:.2e}")
+            print(
+                f"{r['wrt']}: float64 damped vs projected reference: {r['ref_damped_vs_projected']:.2e}"
+            )
 
 
 if __name__ == "__main__":

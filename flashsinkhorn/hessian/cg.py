@@ -54,9 +54,9 @@ def _dot(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return (u * v).sum(-1)
 
 
-#: CUDA tensors: replay blocks of ``check_every`` iterations from a CUDA graph captured on the
-#: second block (the first runs eagerly and compiles the kernels). Off: every iteration is
-#: launched from Python. docs/performance.md, HVP entry 9.
+#: CUDA tensors: replay blocks of ``check_every`` iterations from a CUDA graph captured right
+#: after the first block is queued (that eager block compiles the kernels). Off: every
+#: iteration is launched from Python. docs/performance.md, HVP entry 9.
 USE_CUDA_GRAPHS = True
 
 
@@ -162,7 +162,7 @@ def cg_solve(
     step = lambda st: _step(matvec, precond, proj, st)  # noqa: E731
     graphed = USE_CUDA_GRAPHS and rhs.is_cuda and check_every > 1
     block = None
-    blocks_run = it = restarts = 0
+    it = restarts = 0
     true_rel = None
     while True:
         if it % check_every == 0 or it >= max_iter:
@@ -179,14 +179,16 @@ def cg_solve(
                 active = (r_true.norm(dim=-1) / bsafe > tol).to(rhs.dtype)
                 s = _State(s.w, r_true, *_restart(r_true, precond, proj), active)
         k = min(check_every - it % check_every, max_iter - it)
-        if graphed and k == check_every and blocks_run > 0:
-            if block is None:
-                block = _GraphedBlock(step, s, k)
+        if block is not None and k == check_every:
             s = block(s)
         else:
             for _ in range(k):
                 s = step(s)
-        blocks_run += 1
+            if graphed and block is None and max_iter - it - k >= check_every:
+                # Capture now, while the GPU still runs the eager block just queued (which
+                # compiled every kernel): the capture's host time overlaps it, and the next
+                # check's synchronisation comes after.
+                block = _GraphedBlock(step, s, check_every)
         it += k
     converged = bool((true_rel <= tol).all())
     return s.w.clone(), CGInfo(iters=it, residual=true_rel, converged=converged, restarts=restarts)
