@@ -65,6 +65,32 @@ def test_hadamard_matches_torch_cuda(d):
     assert _rel(out, rout) < 1e-3
 
 
+@pytest.mark.parametrize("precision", ["ieee", "tf32", "tf32x3"])
+@pytest.mark.parametrize("d", [17, 70, 130])
+def test_hadamard_every_rank_and_precision_cuda(precision, d):
+    # Rank blocks of 16, 32 and 64 against every score-operand layout (tile configs of 4 and 8
+    # warps, one or three d-tiles): 16-wide tensor-core rank blocks once gave wrong weights
+    # and an illegal address on the H200 (transport._TC_MIN_RANK_BLOCK).
+    g = torch.Generator().manual_seed(d)
+    B, n, m, eps = 2, 213, 338, 0.4
+    x = torch.rand(B, n, d, generator=g).cuda()
+    y = (torch.rand(B, m, d, generator=g) * 1.3 + 0.2).cuda()
+    p = prepare(x, y, None, None, rho_x=None, rho_y=None, precision=precision)
+    tb, tri = TorchBackend(), resolve_backend("triton", x.device, torch.float32)
+    zx = torch.zeros_like(p.X.sq)
+    gp, _ = tb.softmin(p.Y, p.X, zx, eps, torch.zeros_like(p.Y.sq), 0.0, 1.0, False, "ieee")
+    fp, _ = tb.softmin(p.X, p.Y, gp, eps, zx, 0.0, 1.0, False, "ieee")
+    # The value dot of "tf32" rounds the plan tile to TF32 (unit 2^-11).
+    tol = 5e-3 if precision == "tf32" else 2e-5
+    for r in (2, 17, 40, 64):
+        A = torch.randn(B, n, r, generator=g).cuda()
+        Bw = torch.randn(B, m, r, generator=g).cuda()
+        V = torch.randn(B, m, 3, generator=g).cuda()
+        out, _ = tri.transport(p.X, p.Y, fp, gp, eps, V, A, Bw, precision)
+        ref, _ = tb.transport(p.X, p.Y, fp, gp, eps, V, A, Bw, "ieee")
+        assert _rel(out, ref.double()) < tol, r
+
+
 @pytest.mark.parametrize("n,d", [(10000, 64), (10000, 512)])
 def test_ot_cost_fwd_bwd_tf32_cuda(n, d):
     g = torch.Generator(device="cuda").manual_seed(1)

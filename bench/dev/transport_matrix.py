@@ -1,7 +1,7 @@
 """Compiled-kernel matrix of the transport launch kinds (development check, not a test).
 
 Each (precision, d) pair runs in its own process with CUDA_LAUNCH_BLOCKING=1, every launch kind
-in turn (width 1, width 5, width 40, Hadamard of rank 2 and 40, gradient, both orientations),
+in turn (width 1, width 5, width 40, Hadamard of rank 2, 17, 40 and 64, gradient, both orientations),
 printing one line per kind before and after it: a fault names its launch and cannot poison the
 other pairs. Errors are relative to the torch backend at "ieee".
 
@@ -42,7 +42,7 @@ def _child(precision: str, d: int) -> None:
     kinds = []
     for w in (1, 5, 40):
         kinds.append((f"width{w}", torch.randn(B, m, w, generator=g).cuda(), None, None))
-    for r in (2, 40):
+    for r in (2, 17, 40, 64):
         A = torch.randn(B, n, r, generator=g).cuda()
         Bw = torch.randn(B, m, r, generator=g).cuda()
         kinds.append((f"hadamard{r}", torch.randn(B, m, 3, generator=g).cuda(), A, Bw))

@@ -181,7 +181,7 @@ def _apply_fwd_kernel(
     D_TILES: tl.constexpr, BLOCK_P: tl.constexpr, P_TILES: tl.constexpr,
     BLOCK_R: tl.constexpr, R_TILES: tl.constexpr,
     HAS_V: tl.constexpr, HADAMARD: tl.constexpr, GRAD: tl.constexpr, VEC: tl.constexpr,
-    PRECISION: tl.constexpr, SCORE_PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, HAD_PRECISION: tl.constexpr, SCORE_PRECISION: tl.constexpr,
     EUCLID: tl.constexpr, LABELS: tl.constexpr,
 ):
     # Other costs (docs/costs.md): the score tile comes from lse._cost_scores; the euclidean
@@ -265,7 +265,7 @@ def _apply_fwd_kernel(
                         Bw + i_b64 * s_bb + o_n64[:, None] * s_bn + (i_r * BLOCK_R + o_r)[None, :],
                         mask=m_n[:, None] & m_r[None, :], other=0.0,
                     ).to(tl.float32)
-                    b_w = tl.dot(b_a, tl.trans(b_bw), b_w, input_precision=PRECISION)
+                    b_w = tl.dot(b_a, tl.trans(b_bw), b_w, input_precision=HAD_PRECISION)
                 b_e = b_e * b_w
             p_v = V + i_b64 * s_Vb + o_n64[:, None] * s_Vn + o_p[None, :]
             if VEC:
@@ -357,6 +357,12 @@ def _apply_combine_kernel(
     )
 
 
+# Hadamard weight tiles A_I B_Jᵀ of rank blocks narrower than this are formed by the exact fp32
+# FMA dot: on the H200 (Triton 3.6) tensor-core dots of 16-wide fp32 rank blocks gave wrong
+# weights or an illegal address in 8-warp launches (bench/results/transport_matrix_h200.json);
+# 64-wide blocks were right at every precision. At small rank the FMA dot costs little.
+_TC_MIN_RANK_BLOCK = 64
+
 # Tests set this to force a split count of the column sweep; None lets lse.split_count decide.
 FORCE_SPLIT: int | None = None
 _COMBINE_ROWS = 32
@@ -443,6 +449,7 @@ def _launch(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, precision, 
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
         BLOCK_P=cfg.block_p, P_TILES=cfg.p_tiles, BLOCK_R=cfg.block_r, R_TILES=cfg.r_tiles,
         HAS_V=has_v, HADAMARD=r > 0, GRAD=grad, VEC=vec, PRECISION=precision,
+        HAD_PRECISION=precision if cfg.block_r >= _TC_MIN_RANK_BLOCK else "ieee",
         SCORE_PRECISION=score_prec, EUCLID=euclid, LABELS=labels,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
