@@ -75,7 +75,8 @@ def sinkhorn(
         backend: "auto" (Triton for CUDA tensors, torch otherwise), "torch" or "triton".
         precision: dot-product precision of the kernels: "ieee" (exact fp32), "tf32" (points
             rounded to TF32, then exact products: a 2^-11 relative perturbation of the
-            centred coordinates), "tf32x3" (three TF32 products, near fp32), or "auto"
+            centred coordinates), "tf32x3" (fp32-accurate: float16 hi/lo parts of the
+            points, three exact tensor-core products per score), or "auto"
             ("tf32" for fp32 Triton solves, "ieee" otherwise).
         check_finite: check the inputs for NaN/inf (one synchronisation). Default True.
         path: how the Triton backend reads the cost: "streaming" (x·yᵀ tiles recomputed

@@ -156,7 +156,7 @@ SPLIT_HEADROOM = 2.0**14
 
 def kernel_scale(precision: str, amax: float) -> float:
     """``kscale`` of the float16 kernel operands for the largest |centred coordinate| amax."""
-    if amax <= 0 or precision not in ("tf32", "tf32x3"):
+    if not amax > 0 or not math.isfinite(amax) or precision not in ("tf32", "tf32x3"):
         return 1.0
     s = 2.0 ** math.ceil(math.log2(amax))
     return s if precision == "tf32" else s / SPLIT_HEADROOM
