@@ -1,0 +1,102 @@
+"""GPU time of the fused symmetric soft-min per tile config and split rule (development probe).
+
+The forward profile (docs/performance.md, entry 11) showed the 10k, d = 64 solve bound by the
+kernel (10 launches queue back to back), so configs are compared by the CUDA-event time of 10
+``symmetric_step`` calls on prepared sides, not by the wall time of a solve. Sizes: the fwd
+goals of issue 9 with d <= 128 (10k/64, 50k/64, 40k/128), precision "tf32".
+
+    python bench/dev/sym_sweep.py --out DIR        # writes DIR/sym_sweep.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+import torch
+import triton
+
+from flashsinkhorn.backends import resolve_backend
+from flashsinkhorn.backends.triton import configs, lse
+from flashsinkhorn.problem import prepare
+
+CONFIGS = [  # (BLOCK_M, BLOCK_N, warps, stages)
+    (128, 64, 8, 3),  # the rule
+    (128, 64, 8, 2),
+    (128, 64, 8, 4),
+    (128, 128, 8, 3),
+    (128, 128, 8, 2),
+    (64, 64, 4, 3),
+    (64, 128, 4, 3),
+    (128, 64, 4, 3),
+    (256, 64, 8, 3),
+    (128, 32, 4, 3),
+]
+SPLITS = [None, 1, 2, 6, 8]  # None: the rule (about 4 programs per SM)
+SIZES = [(10_000, 64), (50_000, 64), (40_000, 128)]
+
+
+def _steps_ms(be, X, Y, reps=7):
+    def run():
+        f, g = torch.zeros_like(X.sq), torch.zeros_like(Y.sq)
+        for k in range(10):
+            al, w = (0.0, 1.0) if k == 0 else (0.5, 0.5)
+            f, g, _, _ = be.symmetric_step(X, Y, f, g, 0.1, al, w, w, False, "tf32")
+
+    run()
+    out = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        s.record()
+        run()
+        e.record()
+        torch.cuda.synchronize()
+        out.append(s.elapsed_time(e))
+    return statistics.median(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="out")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    orig = lse.lse_config
+    rows = []
+    g = torch.Generator(device="cuda").manual_seed(0)
+    be = resolve_backend("triton", torch.device("cuda"), torch.float32)
+    for n, d in SIZES:
+        x = torch.rand(n, d, device="cuda", generator=g)
+        y = torch.rand(n, d, device="cuda", generator=g)
+        p = prepare(x, y, None, None, rho_x=None, rho_y=None, precision="tf32")
+        for cfg in CONFIGS:
+            lse.lse_config = lambda dd, c=cfg: configs.LSEConfig(
+                c[0], c[1], max(16, triton.next_power_of_2(dd)), 1, c[2], c[3]
+            )
+            for split in SPLITS if n == 10_000 else [None]:
+                lse.FORCE_SPLIT = split
+                try:
+                    ms = _steps_ms(be, p.X, p.Y)
+                except Exception as exc:  # out of resources for this shape
+                    ms = float("nan")
+                    print("ERR", cfg, repr(exc)[:160], flush=True)
+                row = {"n": n, "d": d, "cfg": cfg, "split": split, "ms_10_steps": round(ms, 4)}
+                rows.append(row)
+                print(row, flush=True)
+        lse.lse_config, lse.FORCE_SPLIT = orig, None
+    with open(os.path.join(args.out, "sym_sweep.json"), "w") as fh:
+        json.dump(rows, fh, indent=1)
+    for n, d in SIZES:
+        best = min((r for r in rows if r["n"] == n and r["ms_10_steps"] == r["ms_10_steps"]),
+                   key=lambda r: r["ms_10_steps"])  # fmt: skip
+        rule = next(
+            r for r in rows if r["n"] == n and r["cfg"] == CONFIGS[0] and r["split"] is None
+        )
+        print(f"{n}x{d}: rule {rule['ms_10_steps']:.3f} ms, best {best['ms_10_steps']:.3f} ms "
+              f"{best['cfg']} split={best['split']}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
