@@ -755,6 +755,11 @@ def operands(rows: Side, cols: Side, precision: str):
     return rows.x, cols.x, 1.0, precision
 
 
+def _half(operand: torch.Tensor, flag: str) -> bool:
+    """One 16-bit score operand per point (not the split parts of "f16x3")."""
+    return operand.dtype in (torch.float16, torch.bfloat16) and flag != "f16x3"
+
+
 # Label tables up to this many classes are staged on chip (see _label_tile).
 ONCHIP_MAX_V = 32
 
@@ -825,13 +830,13 @@ def softmin(
     """Launches one streaming half-step; see :meth:`Backend.softmin`."""
     B, n, d = rows.x.shape
     m = cols.x.shape[1]
-    cfg = lse_config(d)
+    xr, xc, dot_scale, precision = operands(rows, cols, precision)
+    cfg = lse_config(d, _half(xr, precision))
     out = torch.empty_like(rows.sq)
     raw = torch.empty_like(rows.sq) if want_raw else out
     n_blocks = triton.cdiv(n, cfg.block_m)
     split, cps = plan_split(n_blocks * B, m, cfg.block_n, rows.x.device)
     pmax, psum = _partials(split, rows.sq)
-    xr, xc, dot_scale, precision = operands(rows, cols, precision)
     euclid, labels, rlab, clab, lcost, n_lab, lscale = cost_args(rows, cols)
     _softmin_fwd_kernel[(n_blocks, B, split)](
         xr,
@@ -890,7 +895,8 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
     when the columns are split)."""
     B, n, d = X.x.shape
     m = Y.x.shape[1]
-    cfg = lse_config(d)
+    xx, xy, dot_scale, precision = operands(X, Y, precision)
+    cfg = lse_config(d, _half(xx, precision))
     f_new = torch.empty_like(f)
     g_new = torch.empty_like(g)
     f_raw = torch.empty_like(f) if want_raw else f_new
@@ -902,7 +908,6 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
     split = max(triton.cdiv(m, cps_x), triton.cdiv(n, cps_y))
     pfmax, pfsum = _partials(split, f)
     pgmax, pgsum = _partials(split, g)
-    xx, xy, dot_scale, precision = operands(X, Y, precision)
     euclid, labels, xlab, ylab, xlc, n_lab, lscale = cost_args(X, Y)
     ylc = cost_args(Y, X)[4] if labels else xlc
     _softmin_sym_kernel[(n_blocks, B, split)](

@@ -97,7 +97,8 @@ def transport_config(d: int, p: int, r: int) -> TransportConfig:
     br, rt = _tiles(r, 64)
     if p == 1 and r == 0 and d <= 128:
         # One value column (the HVP's P v, Pᵀ u) is a soft-min sweep plus one FMA and a row sum
-        # per score (no second dot): the soft-min's tile shape (lse_config, d <= 128).
+        # per score (no second dot): 128 x 64 tiles, 8 warps (measured in entry 8 of
+        # docs/performance.md; the soft-min's 256-row tiles were not tried here).
         return TransportConfig(128, 64, bd, dt, bp, pt, br, rt, 8, 3)
     wide = bd > 32 or bp > 32 or dt > 1 or pt > 1
     return TransportConfig(64, 64, bd, dt, bp, pt, br, rt, 8 if wide else 4, 2)
