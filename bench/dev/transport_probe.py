@@ -9,7 +9,9 @@ in place for the run):
                    the soft-min tile shape for one value column; docs/performance.md entry 8);
 * ``nosplit``    - the same with the column sweep never split (transport.FORCE_SPLIT = 1);
 * ``tiles64``    - the pre-entry-8 tile rule (64 x 64, 8 warps, 2 stages) for every width;
-* ``fp32ops``    - "tf32" only: the fp32 points for the score dot instead of the float16 copies.
+* ``fp32ops``    - "tf32" only: the fp32 points for the score dot instead of the float16 copies;
+* ``vec256w8``, ``vec128w4`` - one value column with 256 x 64 tiles / 8 warps or 128 x 64 /
+                   4 warps (32 rows per warp, the soft-min's best in entry 12).
 
     python bench/dev/transport_probe.py --out DIR
 """
@@ -30,6 +32,16 @@ def _tiles64(d, p, r):
     return replace(ORIG_CONFIG(d, p, r), block_m=64, block_n=64, num_warps=8, num_stages=2)
 
 
+def _vec_tiles(block_m, warps):
+    def cfg(d, p, r):
+        c = ORIG_CONFIG(d, p, r)
+        if p == 1 and r == 0 and d <= 128:
+            return replace(c, block_m=block_m, block_n=64, num_warps=warps, num_stages=3)
+        return c
+
+    return cfg
+
+
 def _fp32_ops(rows, cols, precision):
     return rows.x, cols.x, 1.0, precision
 
@@ -39,6 +51,8 @@ VARIANTS = {  # name -> (transport_config, FORCE_SPLIT, operands or None for the
     "nosplit": (ORIG_CONFIG, 1, None),
     "tiles64": (_tiles64, None, None),
     "fp32ops": (ORIG_CONFIG, None, _fp32_ops),
+    "vec256w8": (_vec_tiles(256, 8), None, None),
+    "vec128w4": (_vec_tiles(128, 4), None, None),
 }
 
 
@@ -64,6 +78,7 @@ def main():
     ap.add_argument("--n", type=int, default=10_000)
     ap.add_argument("--d", type=int, default=64)
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--precisions", default="tf32,tf32x3,ieee")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -78,7 +93,7 @@ def main():
     V66 = torch.randn(1, n, 66, device="cuda", generator=g)
     orig_ops = T.operands
     rows = []
-    for precision in ("tf32", "tf32x3", "ieee"):
+    for precision in args.precisions.split(","):
         res = fs.sinkhorn(x, y, a, b, eps=0.1, n_iters=200, tol=1e-4, precision=precision)
         pr = res._problem
         ref = {}
