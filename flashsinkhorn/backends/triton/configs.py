@@ -52,12 +52,13 @@ def lse_config(d: int, half_operands: bool = False) -> LSEConfig:
         # Small tiles so that small odd-sized tests still cross several tiles and d-chunks.
         block_d = min(max(16, triton.next_power_of_2(d)), 64)
         return LSEConfig(32, 32, block_d, triton.cdiv(d, block_d), 4, 1)
-    if d <= 128 and half_operands:
+    if 32 < d <= 128 and half_operands:
         # 256 x 64 tiles, 8 warps (32 rows per warp), the 16-bit row tile (<= 64 KB) on chip:
         # fastest of ten shapes on the H200 at 50k/64 (40.1 ms against 56.4 ms for 128 x 64),
         # 40k/128 (43.4 against 52.1) and within 5% of the best at 10k/64
-        # (bench/results/dev/sym_sweep_h200.json, docs/performance.md entry 12).
-        return LSEConfig(256, 64, max(16, triton.next_power_of_2(d)), 1, 8, 3)
+        # (bench/results/dev/sym_sweep_h200.json, docs/performance.md entry 12). Not used at
+        # small d, where it was not measured and the batched d = 3 case got slower.
+        return LSEConfig(256, 64, triton.next_power_of_2(d), 1, 8, 3)
     if d <= 128:
         # The whole row tile stays on chip for the full column sweep. With float16 operands
         # 128 x 64 tiles, 8 warps, 3 stages were the fastest of five shapes on the H100 at
