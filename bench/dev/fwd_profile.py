@@ -13,42 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
 
 import torch
+from _cuda_timing import events_ms, kernel_table, wall_ms
 
 import flashsinkhorn as fs
 from flashsinkhorn.problem import prepare
 
 
-def _wall(fn, reps=20):
-    out = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        out.append(1e3 * (time.perf_counter() - t0))
-    return statistics.median(out)
-
-
-def _events(fn, reps=20):
-    out = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        out.append(s.elapsed_time(e))
-    return statistics.median(out)
-
-
 def run(out_dir: str, n: int, d: int, precisions: list[str]) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-
     g = torch.Generator().manual_seed(0)
     x = torch.rand(n, d, generator=g).cuda()
     y = torch.rand(n, d, generator=g).cuda()
@@ -75,25 +48,14 @@ def run(out_dir: str, n: int, d: int, precisions: list[str]) -> dict:
 
         row = {
             "precision": precision,
-            "solve_wall_ms": _wall(solve),
-            "prepare_wall_ms": _wall(prep),
-            "steps_wall_ms": _wall(steps),
-            "steps_events_ms": _events(steps),
+            "solve_wall_ms": wall_ms(solve),
+            "prepare_wall_ms": wall_ms(prep),
+            "steps_wall_ms": wall_ms(steps),
+            "steps_events_ms": events_ms(steps),
         }
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            solve()
-            torch.cuda.synchronize()
-        rows = []
-        for ev in prof.key_averages():
-            dev_us = getattr(ev, "self_device_time_total", None)
-            if dev_us is None:
-                dev_us = getattr(ev, "self_cuda_time_total", 0.0)
-            if dev_us > 0:
-                rows.append({"name": ev.key[:80], "calls": ev.count, "ms": dev_us / 1e3})
-        rows.sort(key=lambda r: -r["ms"])
-        row["kernel_ms"] = sum(r["ms"] for r in rows)
-        row["kernels"] = rows[:12]
+        table = kernel_table(solve, top=12)
+        row["kernel_ms"], row["kernels"] = table["kernel_ms"], table["top"]
+        rows = table["top"]
         report["rows"].append(row)
         print(
             f"{precision:7s} solve {row['solve_wall_ms']:.2f} ms | prepare {row['prepare_wall_ms']:.2f}"

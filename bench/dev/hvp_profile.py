@@ -15,56 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
 
 import torch
+from _cuda_timing import events_ms, kernel_table, wall_ms
 
 import flashsinkhorn as fs
 from flashsinkhorn.hessian import TransportHessian, cg
-
-
-def _events_ms(fn, reps: int) -> float:
-    out = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        out.append(s.elapsed_time(e))
-    return statistics.median(out)
-
-
-def _wall_ms(fn, reps: int) -> float:
-    out = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        out.append(1e3 * (time.perf_counter() - t0))
-    return statistics.median(out)
-
-
-def _kernel_table(fn) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        wall = 1e3 * (time.perf_counter() - t0)
-    rows = []
-    for ev in prof.key_averages():
-        dev_us = getattr(ev, "self_device_time_total", None)
-        if dev_us is None:
-            dev_us = getattr(ev, "self_cuda_time_total", 0.0)
-        if dev_us > 0:
-            rows.append({"name": ev.key[:80], "calls": ev.count, "ms": dev_us / 1e3})
-    rows.sort(key=lambda r: -r["ms"])
-    return {"wall_ms_profiled": wall, "kernel_ms": sum(r["ms"] for r in rows), "top": rows[:14]}
 
 
 def main() -> None:
@@ -98,17 +54,17 @@ def main() -> None:
 
         row = {"precision": precision}
         one_pass()
-        row["pass_w1_ms"] = _events_ms(one_pass, 20)
+        row["pass_w1_ms"] = events_ms(one_pass, 20)
         for graphs in (False, True):
             cg.USE_CUDA_GRAPHS = graphs
             hvp()
             hvp()
-            row[f"hvp_ms_graphs_{graphs}"] = _wall_ms(hvp, 5)
+            row[f"hvp_ms_graphs_{graphs}"] = wall_ms(hvp, 5)
         cg.USE_CUDA_GRAPHS = False
-        row["profile_eager"] = _kernel_table(hvp)
+        row["profile_eager"] = kernel_table(hvp)
         cg.USE_CUDA_GRAPHS = True
         fwd()
-        row["fwd10_ms"] = _wall_ms(fwd, 7)
+        row["fwd10_ms"] = wall_ms(fwd, 7)
         report["rows"].append(row)
         print(
             f"{precision:7s} pass {row['pass_w1_ms']:.3f} ms | HVP eager "

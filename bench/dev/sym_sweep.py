@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 
 import torch
 import triton
+from _cuda_timing import events_ms
 
 from flashsinkhorn.backends import resolve_backend
 from flashsinkhorn.backends.triton import configs, lse
@@ -46,16 +46,7 @@ def _steps_ms(be, X, Y, reps=7):
             f, g, _, _ = be.symmetric_step(X, Y, f, g, 0.1, al, w, w, False, "tf32")
 
     run()
-    out = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        s.record()
-        run()
-        e.record()
-        torch.cuda.synchronize()
-        out.append(s.elapsed_time(e))
-    return statistics.median(out)
+    return events_ms(run, reps)
 
 
 def main() -> None:
