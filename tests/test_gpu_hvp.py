@@ -58,6 +58,31 @@ def test_cg_graph_replay_equals_eager(monkeypatch, project):
     assert torch.equal(w0, w1) and torch.equal(i0.residual, i1.residual)
 
 
+def test_cg_with_uncapturable_matvec_falls_back_to_eager(monkeypatch):
+    # A matvec that synchronises with the host cannot be captured: CG must stay eager and give
+    # the eager result, not raise from inside the capture.
+    from flashsinkhorn.hessian import cg
+
+    g = torch.Generator().manual_seed(6)
+    M = torch.randn(40, 40, generator=g, dtype=torch.float64)
+    M = (M @ M.T / 40 + torch.eye(40, dtype=torch.float64)).cuda()
+    rhs = torch.randn(2, 40, generator=g, dtype=torch.float64).cuda()
+    calls = []
+
+    def matvec(v):
+        calls.append(float(v.abs().sum()))  # host synchronisation
+        return v @ M
+
+    outs = []
+    for graphs in (False, True):
+        monkeypatch.setattr(cg, "USE_CUDA_GRAPHS", graphs)
+        outs.append(cg.cg_solve(matvec, rhs, torch.ones_like(rhs), tol=1e-12, max_iter=35,
+                                check_every=5))  # fmt: skip
+    (w0, i0), (w1, i1) = outs
+    assert i0.iters == i1.iters and torch.equal(w0, w1)
+    assert float((w1 @ M - rhs).norm() / rhs.norm()) < 1e-10
+
+
 def test_double_backward_on_gpu_matches_cpu():
     x, y, _, _ = problem(700, 500, 8, seed=2, dtype=torch.float32)
     W = torch.randn(8, 8) / 3

@@ -92,23 +92,36 @@ class _GraphedBlock:
     graph's input buffers and replays (one launch for ~20 kernels × k, no Python per kernel)."""
 
     def __init__(self, step: Callable[[_State], _State], like: _State, k: int):
-        self.inp = _State(*(t.clone() for t in like))
-        self.graph = torch.cuda.CUDAGraph()
-        # capture_begin/end on a side stream rather than the torch.cuda.graph context, which
-        # also runs gc.collect() and empties the caching allocator on every capture.
-        main = torch.cuda.current_stream()
-        side = torch.cuda.Stream()
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            self.graph.capture_begin()
-            try:
-                out = self.inp
-                for _ in range(k):
-                    out = step(out)
-            finally:
-                self.graph.capture_end()
-        main.wait_stream(side)
+        dev = like.w.device
+        with torch.cuda.device(dev):
+            self.inp = _State(*(t.clone() for t in like))
+            self.graph = torch.cuda.CUDAGraph()
+            # capture_begin/end on a side stream rather than the torch.cuda.graph context,
+            # which also runs gc.collect() and empties the caching allocator on every capture.
+            main = torch.cuda.current_stream(dev)
+            side = torch.cuda.Stream(dev)
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                self.graph.capture_begin()
+                try:
+                    out = self.inp
+                    for _ in range(k):
+                        out = step(out)
+                finally:
+                    self.graph.capture_end()
+            main.wait_stream(side)
         self.out = out
+
+    @classmethod
+    def try_capture(cls, step, like: _State, k: int) -> _GraphedBlock | None:
+        """The captured block, or None when the matvec cannot be captured (a host sync or
+        another stream inside it, or a capture already under way): CG then stays eager."""
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        try:
+            return cls(step, like, k)
+        except RuntimeError:
+            return None
 
     def __call__(self, s: _State) -> _State:
         for dst, src in zip(self.inp, s, strict=True):
@@ -134,8 +147,9 @@ def cg_solve(
 
     Args:
         matvec: maps (B, m) to (B, m); symmetric positive (semi-)definite per batch entry.
-            On CUDA it must be capturable in a CUDA graph (no host synchronisation), as the
-            library's streaming transports are.
+            On CUDA, blocks of iterations are replayed from a CUDA graph when the matvec can be
+            captured (no host synchronisation), as the library's transports can; otherwise
+            CG runs eagerly.
         rhs: (B, m) right-hand sides.
         precond: (B, m) diagonal of the inverse preconditioner (Jacobi), positive.
         tol: stop when every true relative residual is <= tol.
@@ -187,8 +201,9 @@ def cg_solve(
             if graphed and block is None and max_iter - it - k >= check_every:
                 # Capture now, while the GPU still runs the eager block just queued (which
                 # compiled every kernel): the capture's host time overlaps it, and the next
-                # check's synchronisation comes after.
-                block = _GraphedBlock(step, s, check_every)
+                # check's synchronisation comes after. Only one attempt per solve.
+                block = _GraphedBlock.try_capture(step, s, check_every)
+                graphed = block is not None
         it += k
     converged = bool((true_rel <= tol).all())
     return s.w.clone(), CGInfo(iters=it, residual=true_rel, converged=converged, restarts=restarts)
