@@ -23,7 +23,7 @@ from flashsinkhorn.backends.triton import configs, lse
 from flashsinkhorn.problem import prepare
 
 CONFIGS = [  # (BLOCK_M, BLOCK_N, warps, stages)
-    (128, 64, 8, 3),  # the rule
+    (128, 64, 8, 3),  # the rule before entry 12 (and still for d <= 32)
     (128, 64, 8, 2),
     (128, 64, 8, 4),
     (128, 128, 8, 3),
@@ -33,9 +33,12 @@ CONFIGS = [  # (BLOCK_M, BLOCK_N, warps, stages)
     (128, 64, 4, 3),
     (256, 64, 8, 3),
     (128, 32, 4, 3),
+    (64, 64, 2, 3),
+    (64, 32, 2, 3),
 ]
 SPLITS = [None, 1, 2, 6, 8]  # None: the rule (about 4 programs per SM)
-SIZES = [(10_000, 64), (50_000, 64), (40_000, 128)]
+SIZES = [(1, 10_000, 64), (1, 50_000, 64), (1, 40_000, 128)]  # (B, n = m, d)
+SMALL_D = [(64, 1024, 3), (64, 1024, 16)]  # the batched training shape of issue 9
 
 
 def _steps_ms(be, X, Y, reps=7):
@@ -52,28 +55,31 @@ def _steps_ms(be, X, Y, reps=7):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="out")
+    ap.add_argument("--small-d", action="store_true", help="the batched small-d shapes, no splits")
     args = ap.parse_args()
+    sizes = SMALL_D if args.small_d else SIZES
     os.makedirs(args.out, exist_ok=True)
     orig = lse.lse_config
     rows = []
     g = torch.Generator(device="cuda").manual_seed(0)
     be = resolve_backend("triton", torch.device("cuda"), torch.float32)
-    for n, d in SIZES:
-        x = torch.rand(n, d, device="cuda", generator=g)
-        y = torch.rand(n, d, device="cuda", generator=g)
+    for B, n, d in sizes:
+        x = torch.rand(B, n, d, device="cuda", generator=g)
+        y = torch.rand(B, n, d, device="cuda", generator=g)
         p = prepare(x, y, None, None, rho_x=None, rho_y=None, precision="tf32")
         for cfg in CONFIGS:
-            lse.lse_config = lambda dd, c=cfg: configs.LSEConfig(
+            lse.lse_config = lambda dd, half=True, c=cfg: configs.LSEConfig(
                 c[0], c[1], max(16, triton.next_power_of_2(dd)), 1, c[2], c[3]
             )
-            for split in SPLITS if n == 10_000 else [None]:
+            for split in SPLITS if (B, n) == (1, 10_000) else [None]:
                 lse.FORCE_SPLIT = split
                 try:
                     ms = _steps_ms(be, p.X, p.Y)
                 except Exception as exc:  # out of resources for this shape
                     ms = float("nan")
                     print("ERR", cfg, repr(exc)[:160], flush=True)
-                row = {"n": n, "d": d, "cfg": cfg, "split": split, "ms_10_steps": round(ms, 4)}
+                row = {"B": B, "n": n, "d": d, "cfg": cfg, "split": split,
+                       "ms_10_steps": round(ms, 4)}  # fmt: skip
                 rows.append(row)
                 print(row, flush=True)
         lse.lse_config, lse.FORCE_SPLIT = orig, None
