@@ -39,7 +39,7 @@ for n, d in ((10000, 64), (40000, 128)):
                 if n == 40000 and split not in (None,):
                     continue
                 lse.operands = ops
-                lse.lse_config = lambda dd, c=cfg: configs.LSEConfig(
+                lse.lse_config = lambda dd, half=False, c=cfg: configs.LSEConfig(
                     c[0], c[1], max(16, triton.next_power_of_2(dd)), 1, c[2], c[3]
                 )
                 lse.FORCE_SPLIT = split

@@ -35,7 +35,7 @@ def bench(n, d, schedule, precision, cfg=None):
     x, y, a, b = data(n, d)
     orig = lse.lse_config
     if cfg is not None:
-        lse.lse_config = lambda dd: (
+        lse.lse_config = lambda dd, half=False: (
             configs.LSEConfig(*cfg)
             if cfg[3]
             else configs.LSEConfig(cfg[0], cfg[1], cfg[2], triton.cdiv(dd, cfg[2]), cfg[4], cfg[5])
