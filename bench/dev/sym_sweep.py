@@ -56,8 +56,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="out")
     ap.add_argument("--small-d", action="store_true", help="the batched small-d shapes, no splits")
+    ap.add_argument("--sizes", default=None, help="B:n:d,... instead of the built-in shapes")
+    ap.add_argument("--configs", default=None, help="indices into CONFIGS, comma separated")
     args = ap.parse_args()
     sizes = SMALL_D if args.small_d else SIZES
+    if args.sizes:
+        sizes = [tuple(int(v) for v in t.split(":")) for t in args.sizes.split(",")]
+    cfgs = CONFIGS if not args.configs else [CONFIGS[int(i)] for i in args.configs.split(",")]
     os.makedirs(args.out, exist_ok=True)
     orig = lse.lse_config
     rows = []
@@ -67,7 +72,7 @@ def main() -> None:
         x = torch.rand(B, n, d, device="cuda", generator=g)
         y = torch.rand(B, n, d, device="cuda", generator=g)
         p = prepare(x, y, None, None, rho_x=None, rho_y=None, precision="tf32")
-        for cfg in CONFIGS:
+        for cfg in cfgs:
             lse.lse_config = lambda dd, half=True, c=cfg: configs.LSEConfig(
                 c[0], c[1], max(16, triton.next_power_of_2(dd)), 1, c[2], c[3]
             )
@@ -83,16 +88,16 @@ def main() -> None:
                 rows.append(row)
                 print(row, flush=True)
         lse.lse_config, lse.FORCE_SPLIT = orig, None
-    with open(os.path.join(args.out, "sym_sweep.json"), "w") as fh:
+    name = "sym_sweep_small_d.json" if args.small_d else "sym_sweep.json"
+    with open(os.path.join(args.out, name), "w") as fh:
         json.dump(rows, fh, indent=1)
-    for n, d in SIZES:
-        best = min((r for r in rows if r["n"] == n and r["ms_10_steps"] == r["ms_10_steps"]),
+    for B, n, d in sizes:
+        mine = [r for r in rows if (r["B"], r["n"], r["d"]) == (B, n, d)]
+        best = min((r for r in mine if r["ms_10_steps"] == r["ms_10_steps"]),
                    key=lambda r: r["ms_10_steps"])  # fmt: skip
-        rule = next(
-            r for r in rows if r["n"] == n and r["cfg"] == CONFIGS[0] and r["split"] is None
-        )
-        print(f"{n}x{d}: rule {rule['ms_10_steps']:.3f} ms, best {best['ms_10_steps']:.3f} ms "
-              f"{best['cfg']} split={best['split']}")  # fmt: skip
+        first = next(r for r in mine if r["cfg"] == CONFIGS[0] and r["split"] is None)
+        print(f"{B}x{n}x{d}: {first['cfg']} {first['ms_10_steps']:.3f} ms, best "
+              f"{best['ms_10_steps']:.3f} ms {best['cfg']} split={best['split']}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -52,6 +52,11 @@ def lse_config(d: int, half_operands: bool = False) -> LSEConfig:
         # Small tiles so that small odd-sized tests still cross several tiles and d-chunks.
         block_d = min(max(16, triton.next_power_of_2(d)), 64)
         return LSEConfig(32, 32, block_d, triton.cdiv(d, block_d), 4, 1)
+    if d <= 32 and half_operands:
+        # 64 x 128 tiles, 4 warps: at the batched training shape (64 problems of 1024², d = 3
+        # and d = 16) 0.80 ms for 10 symmetric steps against 1.40 ms for 128 x 64 / 8 warps,
+        # best of twelve shapes (bench/results/dev/sym_sweep_small_d_h200.json, entry 13).
+        return LSEConfig(64, 128, max(16, triton.next_power_of_2(d)), 1, 4, 3)
     if 32 < d <= 128 and half_operands:
         # 256 x 64 tiles, 8 warps (32 rows per warp), the 16-bit row tile (<= 64 KB) on chip:
         # fastest of ten shapes on the H200 at 50k/64 (40.1 ms against 56.4 ms for 128 x 64),
