@@ -95,7 +95,7 @@ def main() -> None:
         mine = [r for r in rows if (r["B"], r["n"], r["d"]) == (B, n, d)]
         best = min((r for r in mine if r["ms_10_steps"] == r["ms_10_steps"]),
                    key=lambda r: r["ms_10_steps"])  # fmt: skip
-        first = next(r for r in mine if r["cfg"] == CONFIGS[0] and r["split"] is None)
+        first = next(r for r in mine if r["cfg"] == cfgs[0] and r["split"] is None)
         print(f"{B}x{n}x{d}: {first['cfg']} {first['ms_10_steps']:.3f} ms, best "
               f"{best['ms_10_steps']:.3f} ms {best['cfg']} split={best['split']}")  # fmt: skip
 
