@@ -278,6 +278,11 @@ def main() -> None:
     ap.add_argument(
         "--sinkhorn-iters", type=int, default=60, help="iterations at eps (cap with --tol)"
     )
+    ap.add_argument(
+        "--precision",
+        default=None,
+        help='kernel precision (default "tf32x3" on CUDA: fp32-accurate on the tensor cores)',
+    )
     ap.add_argument("--tau", type=float, default=1e-5, help="relative Schur damping")
     ap.add_argument("--cg-tol", type=float, default=1e-6, help="Schur CG tolerance")
     ap.add_argument("--cg-max-iter", type=int, default=500, help="Schur CG cap")
@@ -316,7 +321,7 @@ def main() -> None:
         n_iters=args.sinkhorn_iters,
         schedule="alternating",
         backend="triton" if cuda else "torch",
-        precision="ieee",
+        precision=args.precision or ("tf32x3" if cuda else "ieee"),
     )
     hvp_opts = dict(tau=args.tau, cg_tol=args.cg_tol, cg_max_iter=args.cg_max_iter)
     obj = Objective(X, Y, solve_opts, hvp_opts)
