@@ -19,7 +19,7 @@ from flashsinkhorn.problem import SPLIT_HEADROOM, prepare, split_half
 SHAPES = [(1, 37, 53, 1), (2, 45, 29, 3), (1, 33, 70, 17), (2, 21, 38, 130)]
 
 
-def _problem(B, n, m, d, device, seed=0, spread=5.0, zero_weight=False):
+def _problem(B, n, m, d, device, seed=0, spread=5.0, zero_weight=False, **kw):
     g = torch.Generator().manual_seed(seed)
     x = torch.rand(B, n, d, generator=g) * spread
     y = (torch.rand(B, m, d, generator=g) * 1.3 + 0.2) * spread
@@ -30,7 +30,7 @@ def _problem(B, n, m, d, device, seed=0, spread=5.0, zero_weight=False):
         b[:, 1::7] = 0.0
     a, b = a / a.sum(1, keepdim=True), b / b.sum(1, keepdim=True)
     dev = lambda t: t.to(device)  # noqa: E731
-    return prepare(dev(x), dev(y), dev(a), dev(b), rho_x=None, rho_y=None, precision="tf32x3")
+    return prepare(dev(x), dev(y), dev(a), dev(b), rho_x=None, rho_y=None, precision="tf32x3", **kw)
 
 
 def _poisoned(side):
@@ -144,6 +144,36 @@ def test_triton_tf32x3_transport_matches_torch(device, monkeypatch, split, B, n,
     assert _rel(out, ref) < 1e-4
     # The gradient reads the float32 points (rows in the epilogue, columns as values).
     for rows, cols, rp, cp in ((p.X, p.Y, f0, g0), (p.Y, p.X, g0, f0)):
+        grad, gm = tri.transport_grad(rows, cols, rp, cp, eps, "tf32x3")
+        gref, gmref = tb.transport_grad(rows, cols, rp, cp, eps, "ieee")
+        assert _rel(grad, gref) < 1e-4 and _rel(gm, gmref) < 2e-5
+
+
+@pytest.mark.parametrize("cost,labelled", [("euclidean", False), ("sqeuclidean", True),
+                                           ("euclidean", True)])  # fmt: skip
+def test_triton_tf32x3_other_costs_match_torch(device, cost, labelled):
+    # The split parts under the euclidean kernel cost (dot_scale inside the distance) and the
+    # label term (on-chip W rows), for the soft-min, P V and the fused gradient.
+    B, n, m, d, eps = 2, 45, 71, 17, 0.4
+    gen = torch.Generator().manual_seed(7)
+    lab = None
+    if labelled:
+        lx = torch.randint(0, 5, (B, n), generator=gen)
+        ly = torch.randint(0, 5, (B, m), generator=gen)
+        lab = (lx.to(device), ly.to(device), (0.7 * torch.rand(5, 5, generator=gen)).to(device))
+    p = _problem(B, n, m, d, device, seed=8, spread=1.0, zero_weight=True, cost=cost, labels=lab)
+    assert p.X.split
+    f = (torch.randn(B, n, generator=gen) * 0.3).to(device)
+    g = (torch.randn(B, m, generator=gen) * 0.3).to(device)
+    tri, tb = resolve_backend("triton", p.device, torch.float32), TorchBackend()
+    out, _ = tri.softmin(_poisoned(p.X), _poisoned(p.Y), g, eps, f, 0.0, 1.0, False, "tf32x3")
+    ref, _ = tb.softmin(p.X, p.Y, g, eps, f, 0.0, 1.0, False, "ieee")
+    assert float((out - ref).abs().max()) < 2e-5 * float(ref.abs().max() + 1)
+    V = torch.randn(B, m, 5, generator=gen).to(device)
+    out, marg = tri.transport(_poisoned(p.X), _poisoned(p.Y), f, g, eps, V, None, None, "tf32x3")
+    ref, rmarg = tb.transport(p.X, p.Y, f, g, eps, V, None, None, "ieee")
+    assert _rel(out, ref) < 2e-5 and _rel(marg, rmarg) < 2e-5
+    for rows, cols, rp, cp in ((p.X, p.Y, f, g), (p.Y, p.X, g, f)):
         grad, gm = tri.transport_grad(rows, cols, rp, cp, eps, "tf32x3")
         gref, gmref = tb.transport_grad(rows, cols, rp, cp, eps, "ieee")
         assert _rel(grad, gref) < 1e-4 and _rel(gm, gmref) < 2e-5
