@@ -37,7 +37,8 @@ def test_triton_hvp_matches_float64_torch(wrt):
 @pytest.mark.parametrize("project", [False, True])
 def test_cg_graph_replay_equals_eager(monkeypatch, project):
     # Blocks of CG iterations replayed from a captured CUDA graph run the same kernels in the
-    # same order as the eager loop: the iterates must agree bit for bit, restarts included.
+    # same order as the eager loop: the iterates must agree bit for bit, and the graph run must
+    # really have replayed (a failed capture falls back to the eager loop silently).
     from flashsinkhorn.hessian import TransportHessian, cg
 
     x, y, a, b = problem(1537, 1023, 17, seed=3, dtype=torch.float32)
@@ -47,12 +48,21 @@ def test_cg_graph_replay_equals_eager(monkeypatch, project):
     rhs = rhs - rhs.mean() if project else rhs
     tau = 0.0 if project else 1e-5
     pre = 1.0 / ((1.0 + tau) * th.bm)
+    replays = []
+    replay = cg._GraphedBlock.__call__
+
+    def counting(self, s):
+        replays.append(1)
+        return replay(self, s)
+
+    monkeypatch.setattr(cg._GraphedBlock, "__call__", counting)
     outs = []
     for graphs in (False, True):
         monkeypatch.setattr(cg, "USE_CUDA_GRAPHS", graphs)
         w, info = cg.cg_solve(lambda t: th.schur(t, tau), rhs, pre, tol=1e-6, max_iter=57,
                               check_every=5, project=project)  # fmt: skip
         outs.append((w, info))
+        assert (len(replays) > 0) == graphs
     (w0, i0), (w1, i1) = outs
     assert i0.iters == i1.iters and i0.restarts == i1.restarts
     assert torch.equal(w0, w1) and torch.equal(i0.residual, i1.residual)

@@ -202,3 +202,15 @@ def test_distributed_payload_rebuilds_split_parts_bitwise():
         back = _unpack(pts, sqw, side)
         assert back.split and torch.equal(back.xk, side.xk) and torch.equal(back.x, side.x)
         assert back.kscale == side.kscale
+
+
+def test_split_sides_are_never_read_as_grid_copies():
+    # Sides prepared for "tf32x3" asked for at "tf32": the 2d-wide parts must not pass for the
+    # d-wide float16 grid copies (the kernel would read the high parts only, at 11 bits).
+    from flashsinkhorn.backends.triton.lse import operands
+
+    p = _problem(1, 29, 31, 5, torch.device("cpu"))
+    xr, xc, scale, flag = operands(p.X, p.Y, "tf32")
+    assert xr is p.X.x and xc is p.Y.x and scale == 1.0 and flag == "tf32"
+    xr, xc, scale, flag = operands(p.X, p.Y, "tf32x3")
+    assert xr is p.X.xk and flag == "f16x3" and scale == p.X.kscale**2

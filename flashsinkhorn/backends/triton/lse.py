@@ -741,7 +741,8 @@ def operands(rows: Side, cols: Side, precision: str):
     bytes and doubles the tensor-core rate. With "tf32x3" they carry float16 hi/lo parts
     (``problem.split_half``) and the kernels form hi·hi + hi·lo + lo·hi (flag "f16x3").
     """
-    if precision == "tf32" and rows.xk is not None and cols.xk is not None:
+    grid = rows.xk is not None and cols.xk is not None and not (rows.split or cols.split)
+    if precision == "tf32" and grid:
         return rows.xk, cols.xk, rows.kscale * cols.kscale, "tf32"
     if precision == "tf32x3" and rows.split and cols.split:
         # float16 hi/lo parts: three exact float16 products per score (kernel flag "f16x3")
