@@ -178,31 +178,30 @@ def _bench_projection_size(B, sweep, baselines):
 
 
 LAYER_VARIANTS = {
-    # name: (FUSED_DX, DX_CFG, DPHI_CFG); None = library default
+    # name: overrides of flashsinkhorn.mhc.layer's module switches; None = library default
     "triton_tf32": None,
-    "triton_tf32[dx 64x32x8w]": (True, (64, 32, 8), None),
-    "triton_tf32[dx 32x64x8w]": (True, (32, 64, 8), None),
-    "triton_tf32[dphi 128x64x8w]": (True, None, (128, 64, 8, 4)),
-    "triton_tf32[old schedule]": (False, None, None),
+    "triton_tf32[gemm reads phi]": {"GEMM_PHI_T": False},
+    "triton_tf32[dx 64x32x8w]": {"DX_CFG": (64, 32, 8)},
+    "triton_tf32[dphi 16x128x4w]": {"DPHI_CFG": (16, 128, 4, 4)},
+    "triton_tf32[old schedule]": {"FUSED_DX": False},
 }
+_LAYER_SWITCHES = ("FUSED_DX", "DX_CFG", "DPHI_CFG", "GEMM_PHI_T")
 
 
 def _layer_setup(spec):
     from flashsinkhorn.mhc import layer as L
 
-    saved = (L.FUSED_DX, L.DX_CFG, L.DPHI_CFG)
-    if spec is not None:
-        fused, dx, dphi = spec
-        L.FUSED_DX = fused
-        L.DX_CFG = dx or L.DX_CFG
-        L.DPHI_CFG = dphi or L.DPHI_CFG
+    saved = {k: getattr(L, k) for k in _LAYER_SWITCHES}
+    for k, v in (spec or {}).items():
+        setattr(L, k, v)
     return saved
 
 
 def _layer_restore(saved):
     from flashsinkhorn.mhc import layer as L
 
-    L.FUSED_DX, L.DX_CFG, L.DPHI_CFG = saved
+    for k, v in saved.items():
+        setattr(L, k, v)
 
 
 def bench_layer(tokens, C, n=4, iters=20, out=None, sweep=True):
@@ -308,6 +307,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=None)
     ap.add_argument("--skip-layer", action="store_true")
+    ap.add_argument("--layer-only", action="store_true", help="skip the projection benchmark")
     ap.add_argument("--precompile", default=None, help="I/N: compile share I of N candidates")
     args = ap.parse_args()
     if args.precompile:
@@ -322,7 +322,8 @@ def main():
         if not args.skip_layer:
             bench_layer(512, 256, out=args.out, sweep=False)
     else:
-        bench_projection([2**20, 2**24], sweep=True, baselines=True)
+        if not args.layer_only:
+            bench_projection([2**20, 2**24], sweep=True, baselines=True)
         if not args.skip_layer:
             bench_layer(16 * 2048, 4096, out=args.out)
     _summary()

@@ -29,37 +29,6 @@ from flashsinkhorn.mhc import layer_kernels as K
 
 
 @triton.jit
-def _dphi_bf16x3_kernel(
-    p_x, p_dyh, p_dyl, p_dphi, T, K, n_tsplit, BM: tl.constexpr, BK: tl.constexpr, NP: tl.constexpr
-):
-    i_k = tl.program_id(0)
-    i_s = tl.program_id(1)
-    o_k = i_k * BK + tl.arange(0, BK)
-    m_k = o_k < K
-    o_n = tl.arange(0, NP)
-    b_acc = tl.zeros((BK, NP), tl.float32)
-    for tb in range(i_s, tl.cdiv(T, BM), n_tsplit):
-        o_m = tb * BM + tl.arange(0, BM)
-        m_m = o_m < T
-        b_x = tl.load(
-            p_x + o_m[:, None].to(tl.int64) * K + o_k[None, :],
-            mask=m_m[:, None] & m_k[None, :],
-            other=0.0,
-        )
-        b_xh = b_x.to(tl.bfloat16)
-        b_xl = (b_x - b_xh.to(tl.float32)).to(tl.bfloat16)
-        o_d = o_m[:, None].to(tl.int64) * NP + o_n[None, :]
-        b_dh = tl.load(p_dyh + o_d, mask=m_m[:, None], other=0.0)
-        b_dl = tl.load(p_dyl + o_d, mask=m_m[:, None], other=0.0)
-        b_xht = tl.trans(b_xh)
-        b_acc = tl.dot(b_xht, b_dh, b_acc)
-        b_acc = tl.dot(b_xht, b_dl, b_acc)
-        b_acc = tl.dot(tl.trans(b_xl), b_dh, b_acc)
-    p_o = p_dphi + i_s.to(tl.int64) * K * NP + o_k[:, None].to(tl.int64) * NP + o_n[None, :]
-    tl.store(p_o, b_acc, mask=m_k[:, None])
-
-
-@triton.jit
 def _dphi_t_kernel(
     p_x,
     p_dy,
@@ -96,34 +65,12 @@ def _dphi_t_kernel(
 
 
 @triton.jit
-def _dphi_fma_kernel(p_x, p_dy, p_dphi, T, K, t_split, BK: tl.constexpr, NP: tl.constexpr):
-    # One token at a time: acc[k, :] += x[t, k]·dh[t, :] on the CUDA cores.
-    i_k = tl.program_id(0)
-    i_s = tl.program_id(1)
-    o_k = i_k * BK + tl.arange(0, BK)
-    m_k = o_k < K
-    o_n = tl.arange(0, NP)
-    b_acc = tl.zeros((BK, NP), tl.float32)
-    t0 = i_s * t_split
-    p_xr = p_x + t0.to(tl.int64) * K + o_k
-    p_dr = p_dy + t0.to(tl.int64) * NP + o_n
-    for _ in range(t0, tl.minimum(t0 + t_split, T)):
-        b_xr = tl.load(p_xr, mask=m_k, other=0.0)
-        b_dr = tl.load(p_dr)
-        b_acc += b_xr[:, None] * b_dr[None, :]
-        p_xr += K
-        p_dr += NP
-    p_o = p_dphi + i_s.to(tl.int64) * K * NP + o_k[:, None].to(tl.int64) * NP + o_n[None, :]
-    tl.store(p_o, b_acc, mask=m_k[:, None])
-
-
-@triton.jit
 def _widen(b, BM: tl.constexpr, NS: tl.constexpr, BC: tl.constexpr):
     return tl.reshape(tl.broadcast_to(b[:, :, None], (BM, NS, BC)), (BM, NS * BC))
 
 
 @triton.jit
-def _dx_phit_kernel(
+def _dx_static_kernel(
     p_x,
     p_dout,
     p_du,
@@ -131,10 +78,11 @@ def _dx_phit_kernel(
     p_hres,
     p_dy,
     p_rcoef,
-    p_phit,
+    p_phi,
     p_dx,
     T,
     K,
+    N,
     n,
     C,
     BM: tl.constexpr,
@@ -143,7 +91,7 @@ def _dx_phit_kernel(
     NP: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    # _hc_dx_kernel with φᵀ given as a contiguous (NP, K) array (rows ≥ N are zero).
+    # _hc_dx_kernel with the stream loop unrolled (NS constexpr): every load is issued up front.
     i_m = tl.program_id(0)
     i_c = tl.program_id(1)
     o_kk = tl.arange(0, NS * BC)
@@ -152,6 +100,7 @@ def _dx_phit_kernel(
     m_kk = (o_j < n) & (o_cc < C)
     o_k = o_j * C + o_cc
     o_n = tl.arange(0, NP)
+    m_n = o_n < N
     o_s = tl.arange(0, NS)
     o_m = i_m * BM + tl.arange(0, BM)
     m_m = o_m < T
@@ -164,16 +113,106 @@ def _dx_phit_kernel(
     b_hp = tl.load(p_coef + o_t * (2 * n) + o_s[None, :], mask=m_ms, other=0.0)
     b_rc = tl.load(p_rcoef + o_m, mask=m_m, other=0.0)
     b_dx = _widen(b_hp, BM, NS, BC) * b_du + b_rc[:, None] * b_x
-    for i in range(n):
-        b_do = tl.load(p_dout + o_t * K + i * C + o_cc[None, :], mask=m_mk, other=0.0)
-        b_h = tl.load(p_hres + o_t * (n * n) + i * n + o_s[None, :], mask=m_ms, other=0.0)
+    for i in tl.static_range(NS):
+        b_do = tl.load(
+            p_dout + o_t * K + i * C + o_cc[None, :],
+            mask=m_mk & (o_kk * 0 + i < n)[None, :],
+            other=0.0,
+        )
+        b_h = tl.load(
+            p_hres + o_t * (n * n) + i * n + o_s[None, :],
+            mask=m_ms & (o_s * 0 + i < n)[None, :],
+            other=0.0,
+        )
         b_dx += _widen(b_h.to(tl.float32), BM, NS, BC) * b_do.to(tl.float32)
     b_wt = tl.load(
-        p_phit + o_n[:, None].to(tl.int64) * K + o_k[None, :], mask=m_kk[None, :], other=0.0
-    )
+        p_phi + o_k[None, :].to(tl.int64) * N + o_n[:, None],
+        mask=m_kk[None, :] & m_n[:, None],
+        other=0.0,
+    ).to(tl.float32)
     b_dy = tl.load(p_dy + o_t * NP + o_n[None, :], mask=m_m[:, None], other=0.0)
     b_dx += tl.dot(b_dy, b_wt, input_precision=PREC)
     tl.store(p_dx + o_mk, b_dx.to(p_dx.dtype.element_ty), mask=m_mk)
+
+
+@triton.jit
+def _dx_loop_kernel(
+    p_x,
+    p_dout,
+    p_du,
+    p_coef,
+    p_hres,
+    p_dy,
+    p_rcoef,
+    p_phi,
+    p_dx,
+    p_dphi,
+    T,
+    K,
+    N,
+    n,
+    C,
+    n_tsplit,
+    BM: tl.constexpr,
+    BC: tl.constexpr,
+    NS: tl.constexpr,
+    NP: tl.constexpr,
+    PREC: tl.constexpr,
+    DPHI: tl.constexpr,
+):
+    # Channel block [c0, c0 + BC) of every stream, looping over token blocks (loads pipelined
+    # across iterations, the φ tile loaded once); DPHI: also the partial dφᵀ = dhᵀ·x.
+    i_c = tl.program_id(0)
+    i_s = tl.program_id(1)
+    o_kk = tl.arange(0, NS * BC)
+    o_j = o_kk // BC
+    o_cc = i_c * BC + o_kk % BC
+    m_kk = (o_j < n) & (o_cc < C)
+    o_k = o_j * C + o_cc
+    o_n = tl.arange(0, NP)
+    m_n = o_n < N
+    o_s = tl.arange(0, NS)
+    b_wt = tl.load(
+        p_phi + o_k[None, :].to(tl.int64) * N + o_n[:, None],
+        mask=m_kk[None, :] & m_n[:, None],
+        other=0.0,
+    ).to(tl.float32)
+    b_acc = tl.zeros((NP, NS * BC), tl.float32)
+    for tb in range(i_s, tl.cdiv(T, BM), n_tsplit):
+        o_m = tb * BM + tl.arange(0, BM)
+        m_m = o_m < T
+        m_mk = m_m[:, None] & m_kk[None, :]
+        m_ms = m_m[:, None] & (o_s < n)[None, :]
+        o_t = o_m[:, None].to(tl.int64)
+        o_mk = o_t * K + o_k[None, :]
+        b_x = tl.load(p_x + o_mk, mask=m_mk, other=0.0).to(tl.float32)
+        b_du = tl.load(p_du + o_t * C + o_cc[None, :], mask=m_mk, other=0.0).to(tl.float32)
+        b_hp = tl.load(p_coef + o_t * (2 * n) + o_s[None, :], mask=m_ms, other=0.0)
+        b_rc = tl.load(p_rcoef + o_m, mask=m_m, other=0.0)
+        b_dx = _widen(b_hp, BM, NS, BC) * b_du + b_rc[:, None] * b_x
+        for i in tl.static_range(NS):
+            b_do = tl.load(
+                p_dout + o_t * K + i * C + o_cc[None, :],
+                mask=m_mk & (o_kk * 0 + i < n)[None, :],
+                other=0.0,
+            )
+            b_h = tl.load(
+                p_hres + o_t * (n * n) + i * n + o_s[None, :],
+                mask=m_ms & (o_s * 0 + i < n)[None, :],
+                other=0.0,
+            )
+            b_dx += _widen(b_h.to(tl.float32), BM, NS, BC) * b_do.to(tl.float32)
+        b_dy = tl.load(p_dy + o_t * NP + o_n[None, :], mask=m_m[:, None], other=0.0)
+        b_dx += tl.dot(b_dy, b_wt, input_precision=PREC)
+        tl.store(p_dx + o_mk, b_dx.to(p_dx.dtype.element_ty), mask=m_mk)
+        if DPHI:
+            b_dyt = tl.load(
+                p_dy + o_m[None, :].to(tl.int64) * NP + o_n[:, None], mask=m_m[None, :], other=0.0
+            )
+            b_acc += tl.dot(b_dyt, b_x, input_precision=PREC)
+    if DPHI:
+        p_o = p_dphi + i_s.to(tl.int64) * K * NP + o_k[None, :].to(tl.int64) * NP + o_n[:, None]
+        tl.store(p_o, b_acc, mask=m_kk[None, :])
 
 
 def _ms(fn):
@@ -225,30 +264,18 @@ def main():
         return run
 
     cands = {}
-    for cfg in [(64, 64, 4, 4), (32, 64, 4, 4), (64, 128, 4, 2), (64, 64, 4, 8), (128, 64, 8, 2)]:
-        cands[f"layer_kernel{cfg}"] = split_launch(
-            K._hc_dphi_kernel, *cfg, extra=(x, dy), PREC="tf32"
-        )
-    dyh = dy.to(torch.bfloat16)
-    dyl = (dy - dyh.float()).to(torch.bfloat16)
-    for cfg in [(64, 64, 4, 4), (64, 128, 4, 2), (128, 128, 8, 2), (64, 256, 8, 1)]:
-        cands[f"bf16x3{cfg}"] = split_launch(_dphi_bf16x3_kernel, *cfg, extra=(x, dyh, dyl))
-    for cfg in [(64, 64, 4, 4), (64, 128, 4, 2), (32, 128, 4, 4)]:
-        run_t = split_launch(_dphi_t_kernel, *cfg, extra=(x, dy), PREC="tf32")
-        cands[f"transposed{cfg}"] = run_t
-    for BK, warps, per_sm in [(128, 4, 4), (256, 4, 2), (256, 8, 4)]:
-        k_progs = triton.cdiv(Kd, BK)
-        n_ts = max(1, triton.cdiv(per_sm * nsm, k_progs))
-        t_split = triton.cdiv(T, n_ts)
-        part_f = torch.empty((n_ts, Kd, NP), device=dev)
-
-        def run_f(BK=BK, warps=warps, k_progs=k_progs, n_ts=n_ts, t_split=t_split, part=part_f):
-            _dphi_fma_kernel[(k_progs, n_ts)](
-                x, dy, part, T, Kd, t_split, BK=BK, NP=NP, num_warps=warps
-            )
-            return part.sum(0)
-
-        cands[f"fma(BK={BK},w={warps},per_sm={per_sm})"] = run_f
+    cands["layer_kernel(64, 64, 4, 4)"] = split_launch(
+        K._hc_dphi_kernel, 64, 64, 4, 4, extra=(x, dy), PREC="tf32"
+    )
+    for cfg in [
+        (32, 128, 4, 4),
+        (32, 64, 4, 4),
+        (32, 128, 4, 2),
+        (16, 128, 4, 4),
+        (32, 256, 8, 2),
+        (64, 128, 8, 4),
+    ]:
+        cands[f"transposed{cfg}"] = split_launch(_dphi_t_kernel, *cfg, extra=(x, dy), PREC="tf32")
     dyc = dy[:, :N].contiguous()
     saved = torch.backends.cuda.matmul.allow_tf32
     try:
@@ -310,9 +337,9 @@ def main():
 
         return run
 
-    def dx_phit(BM, BC, warps):
+    def dx_static(BM, BC, warps):
         def run():
-            _dx_phit_kernel[(triton.cdiv(T, BM), triton.cdiv(C, BC))](
+            _dx_static_kernel[(triton.cdiv(T, BM), triton.cdiv(C, BC))](
                 x,
                 dout,
                 du,
@@ -320,10 +347,11 @@ def main():
                 hres,
                 dy,
                 rcoef,
-                phit,
+                phi,
                 dx1,
                 T,
                 Kd,
+                N,
                 n,
                 C,
                 BM=BM,
@@ -337,28 +365,72 @@ def main():
 
         return run
 
+    def dx_loop(BM, BC, warps, per_sm, stages, dphi):
+        c_progs = triton.cdiv(C, BC)
+        n_ts = max(1, min(triton.cdiv(T, BM), triton.cdiv(per_sm * nsm, c_progs)))
+        part = torch.empty((n_ts, Kd, NP), device=dev) if dphi else dx1
+
+        def run():
+            _dx_loop_kernel[(c_progs, n_ts)](
+                x,
+                dout,
+                du,
+                coef,
+                hres,
+                dy,
+                rcoef,
+                phi,
+                dx1,
+                part,
+                T,
+                Kd,
+                N,
+                n,
+                C,
+                n_ts,
+                BM=BM,
+                BC=BC,
+                NS=NS,
+                NP=NP,
+                PREC="tf32",
+                DPHI=dphi,
+                num_warps=warps,
+                num_stages=stages,
+            )
+            if dphi:
+                return dx1, part.sum(0)
+            return dx1
+
+        return run
+
     base = dx_layer(32, 32, 4)().clone()
     bscale = base.abs().max().item()
-    dx_cands = {}
-    for cfg in [(32, 32, 4), (64, 32, 4), (64, 32, 8), (32, 16, 4)]:
-        dx_cands[f"layer_kernel{cfg}"] = dx_layer(*cfg)
+    ref_dphi = (x.double().t() @ dy.double())[:, :N]
+    dscale = ref_dphi.abs().max().item()
+    dx_cands = {"layer_kernel(32, 32, 4)": dx_layer(32, 32, 4)}
+    for cfg in [(32, 32, 4), (32, 64, 4), (64, 32, 8), (16, 64, 4)]:
+        dx_cands[f"static{cfg}"] = dx_static(*cfg)
     for cfg in [
-        (32, 32, 4),
-        (64, 32, 4),
-        (64, 32, 8),
-        (128, 32, 8),
-        (32, 64, 4),
-        (64, 64, 8),
-        (128, 16, 4),
-        (64, 16, 4),
+        (32, 32, 4, 2, 3),
+        (32, 32, 8, 2, 3),
+        (16, 32, 4, 4, 3),
+        (32, 16, 4, 4, 3),
+        (64, 32, 8, 2, 2),
+        (32, 32, 4, 4, 2),
     ]:
-        dx_cands[f"phit{cfg}"] = dx_phit(*cfg)
+        dx_cands[f"loop{cfg}"] = dx_loop(*cfg, False)
+        dx_cands[f"loop+dphi{cfg}"] = dx_loop(*cfg, True)
     for name, fn in dx_cands.items():
         try:
-            err = (fn() - base).abs().max().item() / bscale
-            row("dx", name, ms_of(fn), err, 3.25)
+            out = fn()
+            err = (out[0] if isinstance(out, tuple) else out) - base
+            err = err.abs().max().item() / bscale
+            if isinstance(out, tuple):
+                derr = (out[1][:, :N].double() - ref_dphi).abs().max().item() / dscale
+                err = max(err, derr)
+            row("dx", name, ms_of(fn), err, 4.25 if "dphi" in name else 3.25)
         except Exception as e:  # noqa: BLE001
-            print(f"dx    {name:40s} FAILED: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            print(f"dx    {name:40s} FAILED: {type(e).__name__}: {str(e)[:300]}", flush=True)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "mhc_layer_probe.json"), "w") as f:

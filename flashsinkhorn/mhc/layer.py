@@ -37,7 +37,10 @@ FUSED_DX = True
 # (token block, channel block, warps) of _hc_dx_kernel; (token block, K block, warps, programs
 # per SM) of _hc_dphi_kernel.
 DX_CFG = (32, 32, 4)
-DPHI_CFG = (64, 64, 4, 4)
+DPHI_CFG = (32, 128, 4, 2)
+# The forward GEMM reads a K-major (NP, K) copy of φ (tf32 wgmma takes it from shared memory
+# without a transpose); False reads φ itself.
+GEMM_PHI_T = True
 
 
 def _num_sms(device: torch.device) -> int:
@@ -73,15 +76,23 @@ class _HCPre(torch.autograd.Function):
         n_split = triton.cdiv(Kd, k_split)
         y_part = torch.empty((n_split, T, NP), device=dev, dtype=torch.float32)
         ss_part = torch.empty((n_split, T), device=dev, dtype=torch.float32)
+        if GEMM_PHI_T:
+            w = torch.zeros((NP, Kd), device=dev, dtype=phi.dtype)
+            w[:N] = phi.t()
+            s_wk, s_wn = 1, Kd
+        else:
+            w, (s_wk, s_wn) = phi, phi.stride()
         K._hc_gemm_rms_kernel[(n_mb, n_split)](
             x,
-            phi,
+            w,
             y_part,
             ss_part,
             T,
             Kd,
             N,
             k_split,
+            s_wk,
+            s_wn,
             BM=BM,
             BK=BK,
             NP=NP,

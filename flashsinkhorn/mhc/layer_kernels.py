@@ -10,7 +10,7 @@ Forward: ``_hc_gemm_rms_kernel`` (split-K x·φ and Σx², one pass over X) →
 Backward: ``_hc_residual_bwd_kernel`` (dF, dH_post, dH_res in one pass over dX_next, X, F) →
 ``_hc_premix_bwd_kernel`` (dH_pre) → coefficient backward (tiny, torch and the projection
 backward) → ``_hc_dx_kernel`` (dX = H_resᵀ·dX_next + H_pre⊗du + dh·φᵀ + RMS term, by token
-blocks) and ``_hc_dphi_kernel`` (partial dφ = xᵀ·dh, K-major over token splits). The previous
+blocks) and ``_hc_dphi_kernel`` (partial dφᵀ = dhᵀ·x, K-major over token splits). The previous
 schedule (``layer.FUSED_DX = False``): the residual backward also writes dX_res = H_resᵀ·dX_next
 and ``_hc_input_bwd_kernel`` reads it back, writing dX and accumulating dφ in one pass over X.
 """
@@ -31,6 +31,8 @@ def _hc_gemm_rms_kernel(
     K,
     N,
     k_split,
+    s_wk,
+    s_wn,
     BM: tl.constexpr,
     BK: tl.constexpr,
     NP: tl.constexpr,
@@ -51,7 +53,9 @@ def _hc_gemm_rms_kernel(
         m_k = (o_k < K) & (kk + tl.arange(0, BK) < k_split)
         p_xt = p_x + o_m[:, None].to(tl.int64) * K + o_k[None, :]
         b_x = tl.load(p_xt, mask=m_m[:, None] & m_k[None, :], other=0.0).to(tl.float32)
-        p_w = p_phi + o_k[:, None].to(tl.int64) * N + o_n[None, :]
+        # φ is read through strides: (1, K) strides (a K-major φᵀ copy) let tf32 wgmma take
+        # the tile from shared memory as it is; φ's own (N, 1) layout is N-major.
+        p_w = p_phi + o_k[:, None].to(tl.int64) * s_wk + o_n[None, :].to(tl.int64) * s_wn
         b_w = tl.load(p_w, mask=m_k[:, None] & m_n[None, :], other=0.0).to(tl.float32)
         b_acc += tl.dot(b_x, b_w, input_precision=PREC)
         # The RMS reduction rides on the tile already in registers: X is read once.
@@ -259,7 +263,7 @@ def _hc_input_bwd_kernel(
         mask=m_k[None, :] & m_n[:, None],
         other=0.0,
     ).to(tl.float32)
-    b_dphi = tl.zeros((BK, NP), tl.float32)
+    b_dphi = tl.zeros((NP, BK), tl.float32)
     n_tb = tl.cdiv(T, BM)
     for tb in range(i_s, n_tb, n_tsplit):
         o_m = tb * BM + tl.arange(0, BM)
@@ -283,9 +287,12 @@ def _hc_input_bwd_kernel(
         b_dx = b_dxr + b_hp * b_du + tl.dot(b_dy, b_wt, input_precision=PREC)
         b_dx += b_rc[:, None] * b_x
         tl.store(p_dx + o_mk, b_dx.to(p_dx.dtype.element_ty), mask=m_mk)
-        b_dphi += tl.dot(tl.trans(b_x), b_dy, input_precision=PREC)
-    p_o = p_dphi + i_s.to(tl.int64) * K * NP + o_k[:, None].to(tl.int64) * NP + o_n[None, :]
-    tl.store(p_o, b_dphi, mask=m_k[:, None])
+        b_dyt = tl.load(
+            p_dy + o_m[None, :].to(tl.int64) * NP + o_n[:, None], mask=m_m[None, :], other=0.0
+        )
+        b_dphi += tl.dot(b_dyt, b_x, input_precision=PREC)
+    p_o = p_dphi + i_s.to(tl.int64) * K * NP + o_k[None, :].to(tl.int64) * NP + o_n[:, None]
+    tl.store(p_o, b_dphi, mask=m_k[None, :])
 
 
 @triton.jit
@@ -369,13 +376,16 @@ def _hc_dphi_kernel(
     NP: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    # Partial dφ = xᵀ·dh over this program's token blocks (split over tokens; summed on the host).
+    # Partial dφ over this program's token blocks (split over tokens; summed on the host),
+    # accumulated as dφᵀ = dhᵀ·x: x stays the untransposed right-hand operand. As the left-hand
+    # xᵀ it is M-major, which tf32 wgmma cannot read, and the staged transpose ran at 30 % of
+    # bandwidth (docs/performance.md, mHC log 6).
     i_k = tl.program_id(0)
     i_s = tl.program_id(1)
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
     o_n = tl.arange(0, NP)
-    b_acc = tl.zeros((BK, NP), tl.float32)
+    b_acc = tl.zeros((NP, BK), tl.float32)
     n_tb = tl.cdiv(T, BM)
     for tb in range(i_s, n_tb, n_tsplit):
         o_m = tb * BM + tl.arange(0, BM)
@@ -385,9 +395,9 @@ def _hc_dphi_kernel(
             mask=m_m[:, None] & m_k[None, :],
             other=0.0,
         ).to(tl.float32)
-        b_dy = tl.load(
-            p_dy + o_m[:, None].to(tl.int64) * NP + o_n[None, :], mask=m_m[:, None], other=0.0
+        b_dyt = tl.load(
+            p_dy + o_m[None, :].to(tl.int64) * NP + o_n[:, None], mask=m_m[None, :], other=0.0
         )
-        b_acc += tl.dot(tl.trans(b_x), b_dy, input_precision=PREC)
-    p_o = p_dphi + i_s.to(tl.int64) * K * NP + o_k[:, None].to(tl.int64) * NP + o_n[None, :]
-    tl.store(p_o, b_acc, mask=m_k[:, None])
+        b_acc += tl.dot(b_dyt, b_x, input_precision=PREC)
+    p_o = p_dphi + i_s.to(tl.int64) * K * NP + o_k[None, :].to(tl.int64) * NP + o_n[:, None]
+    tl.store(p_o, b_acc, mask=m_k[None, :])
