@@ -181,7 +181,7 @@ LAYER_VARIANTS = {
     # name: overrides of flashsinkhorn.mhc.layer's module switches; None = library default
     "triton_tf32": None,
     "triton_tf32[gemm reads phi]": {"GEMM_PHI_T": False},
-    "triton_tf32[dx 64x32x8w]": {"DX_CFG": (64, 32, 8)},
+    "triton_tf32[dx 32x32x4w]": {"DX_CFG": (32, 32, 4)},
     "triton_tf32[dphi 16x128x4w]": {"DPHI_CFG": (16, 128, 4, 4)},
     "triton_tf32[old schedule]": {"FUSED_DX": False},
 }

@@ -215,6 +215,305 @@ def _dx_loop_kernel(
         tl.store(p_o, b_acc, mask=m_kk[None, :])
 
 
+@triton.jit
+def _dx_gather_kernel(
+    p_x,
+    p_dout,
+    p_du,
+    p_coef,
+    p_hres,
+    p_dy,
+    p_rcoef,
+    p_phi,
+    p_dx,
+    T,
+    K,
+    N,
+    n,
+    C,
+    BM: tl.constexpr,
+    BC: tl.constexpr,
+    NS: tl.constexpr,
+    NP: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    # _hc_dx_kernel with the per-stream coefficients loaded straight into the [BM, NS·BC] tile
+    # layout (a pointer per column, constant along each BC run) instead of widened in registers.
+    i_m = tl.program_id(0)
+    i_c = tl.program_id(1)
+    o_kk = tl.arange(0, NS * BC)
+    o_j = o_kk // BC
+    o_cc = i_c * BC + o_kk % BC
+    m_kk = (o_j < n) & (o_cc < C)
+    o_k = o_j * C + o_cc
+    o_n = tl.arange(0, NP)
+    m_n = o_n < N
+    o_m = i_m * BM + tl.arange(0, BM)
+    m_m = o_m < T
+    m_mk = m_m[:, None] & m_kk[None, :]
+    o_t = o_m[:, None].to(tl.int64)
+    o_mk = o_t * K + o_k[None, :]
+    b_x = tl.load(p_x + o_mk, mask=m_mk, other=0.0).to(tl.float32)
+    b_du = tl.load(p_du + o_t * C + o_cc[None, :], mask=m_mk, other=0.0).to(tl.float32)
+    b_hp = tl.load(p_coef + o_t * (2 * n) + o_j[None, :], mask=m_mk, other=0.0)
+    b_rc = tl.load(p_rcoef + o_m, mask=m_m, other=0.0)
+    b_dx = b_hp * b_du + b_rc[:, None] * b_x
+    for i in range(n):
+        b_do = tl.load(p_dout + o_t * K + i * C + o_cc[None, :], mask=m_mk, other=0.0)
+        b_h = tl.load(p_hres + o_t * (n * n) + i * n + o_j[None, :], mask=m_mk, other=0.0)
+        b_dx += b_h.to(tl.float32) * b_do.to(tl.float32)
+    b_wt = tl.load(
+        p_phi + o_k[None, :].to(tl.int64) * N + o_n[:, None],
+        mask=m_kk[None, :] & m_n[:, None],
+        other=0.0,
+    ).to(tl.float32)
+    b_dy = tl.load(p_dy + o_t * NP + o_n[None, :], mask=m_m[:, None], other=0.0)
+    b_dx += tl.dot(b_dy, b_wt, input_precision=PREC)
+    tl.store(p_dx + o_mk, b_dx.to(p_dx.dtype.element_ty), mask=m_mk)
+
+
+@triton.jit
+def _dx_fma_kernel(
+    p_x,
+    p_dout,
+    p_du,
+    p_coef,
+    p_hres,
+    p_dy,
+    p_rcoef,
+    p_phi,
+    p_dx,
+    T,
+    K,
+    N,
+    n,
+    C,
+    BM: tl.constexpr,
+    BC: tl.constexpr,
+    NS: tl.constexpr,
+    NP: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    # _dx_gather_kernel with dh·φᵀ on the CUDA cores (N rank-1 updates): no shared memory, no
+    # barrier.
+    i_m = tl.program_id(0)
+    i_c = tl.program_id(1)
+    o_kk = tl.arange(0, NS * BC)
+    o_j = o_kk // BC
+    o_cc = i_c * BC + o_kk % BC
+    m_kk = (o_j < n) & (o_cc < C)
+    o_k = o_j * C + o_cc
+    o_m = i_m * BM + tl.arange(0, BM)
+    m_m = o_m < T
+    m_mk = m_m[:, None] & m_kk[None, :]
+    o_t = o_m[:, None].to(tl.int64)
+    o_mk = o_t * K + o_k[None, :]
+    b_x = tl.load(p_x + o_mk, mask=m_mk, other=0.0).to(tl.float32)
+    b_du = tl.load(p_du + o_t * C + o_cc[None, :], mask=m_mk, other=0.0).to(tl.float32)
+    b_hp = tl.load(p_coef + o_t * (2 * n) + o_j[None, :], mask=m_mk, other=0.0)
+    b_rc = tl.load(p_rcoef + o_m, mask=m_m, other=0.0)
+    b_dx = b_hp * b_du + b_rc[:, None] * b_x
+    for i in range(n):
+        b_do = tl.load(p_dout + o_t * K + i * C + o_cc[None, :], mask=m_mk, other=0.0)
+        b_h = tl.load(p_hres + o_t * (n * n) + i * n + o_j[None, :], mask=m_mk, other=0.0)
+        b_dx += b_h.to(tl.float32) * b_do.to(tl.float32)
+    for c in range(N):
+        b_w = tl.load(p_phi + o_k.to(tl.int64) * N + c, mask=m_kk, other=0.0).to(tl.float32)
+        b_d = tl.load(p_dy + o_m.to(tl.int64) * NP + c, mask=m_m, other=0.0)
+        b_dx += b_d[:, None] * b_w[None, :]
+    tl.store(p_dx + o_mk, b_dx.to(p_dx.dtype.element_ty), mask=m_mk)
+
+
+@triton.jit
+def _dx_swap_kernel(
+    p_x,
+    p_dout,
+    p_du,
+    p_coef,
+    p_hres,
+    p_dy,
+    p_rcoef,
+    p_phi,
+    p_dx,
+    T,
+    K,
+    N,
+    n,
+    C,
+    BM: tl.constexpr,
+    BC: tl.constexpr,
+    NS: tl.constexpr,
+    NP: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    # dX = H_resᵀ·dX_next + H_pre[j]·du + dh·φᵀ + ρ·x for BM tokens × channels [c0, c0 + BC) of
+    # every stream (columns kk = j·BC + c ↔ K-index j·C + c0 + c), one tile per program: the
+    # residual part is computed here from dX_next, so dX_res never goes through HBM. dφ is left
+    # to _hc_dphi_kernel.
+    # channel blocks fastest: programs running together read whole rows of X and dX_next
+    i_c = tl.program_id(0)
+    i_m = tl.program_id(1)
+    o_kk = tl.arange(0, NS * BC)
+    o_j = o_kk // BC
+    o_cc = i_c * BC + o_kk % BC
+    m_kk = (o_j < n) & (o_cc < C)
+    o_k = o_j * C + o_cc
+    o_n = tl.arange(0, NP)
+    m_n = o_n < N
+    o_s = tl.arange(0, NS)
+    o_m = i_m * BM + tl.arange(0, BM)
+    m_m = o_m < T
+    m_mk = m_m[:, None] & m_kk[None, :]
+    m_ms = m_m[:, None] & (o_s < n)[None, :]
+    o_t = o_m[:, None].to(tl.int64)
+    o_mk = o_t * K + o_k[None, :]
+    b_x = tl.load(p_x + o_mk, mask=m_mk, other=0.0).to(tl.float32)
+    b_du = tl.load(p_du + o_t * C + o_cc[None, :], mask=m_mk, other=0.0).to(tl.float32)
+    b_hp = tl.load(p_coef + o_t * (2 * n) + o_s[None, :], mask=m_ms, other=0.0)
+    b_rc = tl.load(p_rcoef + o_m, mask=m_m, other=0.0)
+    b_dx = _widen(b_hp, BM, NS, BC) * b_du + b_rc[:, None] * b_x
+    for i in range(n):
+        # dX[j] += H_res[i, j]·dX_next[i] (the dX_next tile of stream i feeds every j: L1 hits)
+        b_do = tl.load(p_dout + o_t * K + i * C + o_cc[None, :], mask=m_mk, other=0.0)
+        b_h = tl.load(p_hres + o_t * (n * n) + i * n + o_s[None, :], mask=m_ms, other=0.0)
+        b_dx += _widen(b_h.to(tl.float32), BM, NS, BC) * b_do.to(tl.float32)
+    b_wt = tl.load(
+        p_phi + o_k[None, :].to(tl.int64) * N + o_n[:, None],
+        mask=m_kk[None, :] & m_n[:, None],
+        other=0.0,
+    ).to(tl.float32)
+    b_dy = tl.load(p_dy + o_t * NP + o_n[None, :], mask=m_m[:, None], other=0.0)
+    b_dx += tl.dot(b_dy, b_wt, input_precision=PREC)
+    tl.store(p_dx + o_mk, b_dx.to(p_dx.dtype.element_ty), mask=m_mk)
+
+
+@triton.jit
+def _dx4_stream(
+    j: tl.constexpr,
+    p_x,
+    p_coef,
+    p_hres,
+    p_phi,
+    p_dx,
+    b_d0,
+    b_d1,
+    b_d2,
+    b_d3,
+    b_du,
+    b_rc,
+    b_dy,
+    o_t,
+    o_c,
+    o_m,
+    o_n,
+    m_m,
+    m_c,
+    m_n,
+    K,
+    N,
+    n,
+    C,
+    PREC: tl.constexpr,
+):
+    # dX of stream j: Σ_i H_res[i, j]·dX_next[i] + H_pre[j]·du + ρ·x[j] + dh·φ[j·C + c, :]ᵀ
+    m_j = (o_c * 0 + j) < n
+    m_tj = m_m[:, None] & (m_c & m_j)[None, :]
+    p_h = p_hres + o_t * (n * n) + j
+    m_h = m_m & ((o_m * 0 + j) < n)
+    b_acc = tl.load(p_coef + o_t * (2 * n) + j, mask=m_h, other=0.0)[:, None] * b_du
+    o_row = o_t[:, None] * K + (j * C + o_c)[None, :]
+    b_acc += b_rc[:, None] * tl.load(p_x + o_row, mask=m_tj, other=0.0).to(tl.float32)
+    b_acc += tl.load(p_h, mask=m_h, other=0.0)[:, None] * b_d0
+    b_acc += tl.load(p_h + n, mask=m_h & ((o_m * 0 + 1) < n), other=0.0)[:, None] * b_d1
+    b_acc += tl.load(p_h + 2 * n, mask=m_h & ((o_m * 0 + 2) < n), other=0.0)[:, None] * b_d2
+    b_acc += tl.load(p_h + 3 * n, mask=m_h & ((o_m * 0 + 3) < n), other=0.0)[:, None] * b_d3
+    b_w = tl.load(
+        p_phi + (j * C + o_c)[None, :].to(tl.int64) * N + o_n[:, None],
+        mask=(m_c & m_j)[None, :] & m_n[:, None],
+        other=0.0,
+    ).to(tl.float32)
+    b_acc += tl.dot(b_dy, b_w, input_precision=PREC)
+    tl.store(p_dx + o_row, b_acc.to(p_dx.dtype.element_ty), mask=m_tj)
+
+
+@triton.jit
+def _dx4_kernel(
+    p_x,
+    p_dout,
+    p_du,
+    p_coef,
+    p_hres,
+    p_dy,
+    p_rcoef,
+    p_phi,
+    p_dx,
+    T,
+    K,
+    N,
+    n,
+    C,
+    BM: tl.constexpr,
+    BC: tl.constexpr,
+    NS: tl.constexpr,
+    NP: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    # n ≤ 4: the four dX_next stream tiles [BM, BC] are loaded once each (no replicated loads)
+    # and mixed in registers; each output stream is its own tile.
+    i_c = tl.program_id(0)
+    i_m = tl.program_id(1)
+    o_c = i_c * BC + tl.arange(0, BC)
+    m_c = o_c < C
+    o_m = i_m * BM + tl.arange(0, BM)
+    m_m = o_m < T
+    o_n = tl.arange(0, NP)
+    m_n = o_n < N
+    o_t = o_m.to(tl.int64)
+    m_mc = m_m[:, None] & m_c[None, :]
+    o_row = o_t[:, None] * K + o_c[None, :]
+    b_d0 = tl.load(p_dout + o_row, mask=m_mc, other=0.0).to(tl.float32)
+    b_d1 = tl.load(p_dout + o_row + C, mask=m_mc & ((o_c * 0 + 1) < n)[None, :], other=0.0).to(
+        tl.float32
+    )
+    b_d2 = tl.load(p_dout + o_row + 2 * C, mask=m_mc & ((o_c * 0 + 2) < n)[None, :], other=0.0).to(
+        tl.float32
+    )
+    b_d3 = tl.load(p_dout + o_row + 3 * C, mask=m_mc & ((o_c * 0 + 3) < n)[None, :], other=0.0).to(
+        tl.float32
+    )
+    b_du = tl.load(p_du + o_t[:, None] * C + o_c[None, :], mask=m_mc, other=0.0).to(tl.float32)
+    b_rc = tl.load(p_rcoef + o_m, mask=m_m, other=0.0)
+    b_dy = tl.load(p_dy + o_t[:, None] * NP + o_n[None, :], mask=m_m[:, None], other=0.0)
+    for j in tl.static_range(4):
+        _dx4_stream(
+            j,
+            p_x,
+            p_coef,
+            p_hres,
+            p_phi,
+            p_dx,
+            b_d0,
+            b_d1,
+            b_d2,
+            b_d3,
+            b_du,
+            b_rc,
+            b_dy,
+            o_t,
+            o_c,
+            o_m,
+            o_n,
+            m_m,
+            m_c,
+            m_n,
+            K,
+            N,
+            n,
+            C,
+            PREC,
+        )
+
+
 def _ms(fn):
     return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
 
@@ -225,6 +524,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=16 * 2048)
     ap.add_argument("--C", type=int, default=4096)
     ap.add_argument("--check-only", action="store_true", help="no timing (CPU interpreter)")
+    ap.add_argument("--all", action="store_true", help="also the dX candidates of run 2")
+    ap.add_argument("--skip-dphi", action="store_true")
     args = ap.parse_args()
     torch.manual_seed(0)
     T, n, C = args.tokens, 4, args.C
@@ -286,7 +587,7 @@ def main():
                 return torch.mm(x.t(), dyc)
 
             cands[f"cublas_mm(tf32={tf})"] = run_mm
-        for name, fn in cands.items():
+        for name, fn in ({} if args.skip_dphi else cands).items():
             try:
                 err = check(fn())
                 row("dphi", name, ms_of(fn), err, 1.0)
@@ -311,7 +612,7 @@ def main():
 
     def dx_layer(BM, BC, warps):
         def run():
-            K._hc_dx_kernel[(triton.cdiv(T, BM), triton.cdiv(C, BC))](
+            K._hc_dx_kernel[(triton.cdiv(C, BC), triton.cdiv(T, BM))](
                 x,
                 dout,
                 du,
@@ -340,6 +641,90 @@ def main():
     def dx_static(BM, BC, warps):
         def run():
             _dx_static_kernel[(triton.cdiv(T, BM), triton.cdiv(C, BC))](
+                x,
+                dout,
+                du,
+                coef,
+                hres,
+                dy,
+                rcoef,
+                phi,
+                dx1,
+                T,
+                Kd,
+                N,
+                n,
+                C,
+                BM=BM,
+                BC=BC,
+                NS=NS,
+                NP=NP,
+                PREC="tf32",
+                num_warps=warps,
+            )
+            return dx1
+
+        return run
+
+    def dx_other(kernel, BM, BC, warps):
+        def run():
+            kernel[(triton.cdiv(T, BM), triton.cdiv(C, BC))](
+                x,
+                dout,
+                du,
+                coef,
+                hres,
+                dy,
+                rcoef,
+                phi,
+                dx1,
+                T,
+                Kd,
+                N,
+                n,
+                C,
+                BM=BM,
+                BC=BC,
+                NS=NS,
+                NP=NP,
+                PREC="tf32",
+                num_warps=warps,
+            )
+            return dx1
+
+        return run
+
+    def dx_swap(BM, BC, warps):
+        def run():
+            _dx_swap_kernel[(triton.cdiv(C, BC), triton.cdiv(T, BM))](
+                x,
+                dout,
+                du,
+                coef,
+                hres,
+                dy,
+                rcoef,
+                phi,
+                dx1,
+                T,
+                Kd,
+                N,
+                n,
+                C,
+                BM=BM,
+                BC=BC,
+                NS=NS,
+                NP=NP,
+                PREC="tf32",
+                num_warps=warps,
+            )
+            return dx1
+
+        return run
+
+    def dx_n4(BM, BC, warps):
+        def run():
+            _dx4_kernel[(triton.cdiv(C, BC), triton.cdiv(T, BM))](
                 x,
                 dout,
                 du,
@@ -408,18 +793,39 @@ def main():
     ref_dphi = (x.double().t() @ dy.double())[:, :N]
     dscale = ref_dphi.abs().max().item()
     dx_cands = {"layer_kernel(32, 32, 4)": dx_layer(32, 32, 4)}
-    for cfg in [(32, 32, 4), (32, 64, 4), (64, 32, 8), (16, 64, 4)]:
-        dx_cands[f"static{cfg}"] = dx_static(*cfg)
+    for cfg in [(16, 32, 4), (16, 32, 2)]:
+        dx_cands[f"layer_kernel{cfg}"] = dx_layer(*cfg)
+    for cfg in [(32, 32, 4), (16, 32, 2)]:
+        dx_cands[f"swap{cfg}"] = dx_swap(*cfg)
     for cfg in [
-        (32, 32, 4, 2, 3),
-        (32, 32, 8, 2, 3),
-        (16, 32, 4, 4, 3),
-        (32, 16, 4, 4, 3),
-        (64, 32, 8, 2, 2),
-        (32, 32, 4, 4, 2),
+        (16, 32, 2),
+        (16, 64, 2),
+        (32, 32, 2),
+        (16, 32, 1),
+        (32, 64, 4),
+        (16, 128, 4),
+        (32, 128, 4),
+        (64, 64, 4),
+        (16, 64, 4),
     ]:
-        dx_cands[f"loop{cfg}"] = dx_loop(*cfg, False)
-        dx_cands[f"loop+dphi{cfg}"] = dx_loop(*cfg, True)
+        dx_cands[f"n4{cfg}"] = dx_n4(*cfg)
+    if args.all:
+        for cfg in [(32, 32, 4), (16, 32, 4), (16, 32, 2), (32, 32, 2), (16, 64, 4), (32, 16, 2)]:
+            dx_cands[f"gather{cfg}"] = dx_other(_dx_gather_kernel, *cfg)
+        for cfg in [(32, 32, 4), (16, 32, 2), (16, 64, 4), (32, 16, 2)]:
+            dx_cands[f"fma{cfg}"] = dx_other(_dx_fma_kernel, *cfg)
+        for cfg in [(32, 32, 4), (32, 64, 4), (64, 32, 8), (16, 64, 4)]:
+            dx_cands[f"static{cfg}"] = dx_static(*cfg)
+        for cfg in [
+            (32, 32, 4, 2, 3),
+            (32, 32, 8, 2, 3),
+            (16, 32, 4, 4, 3),
+            (32, 16, 4, 4, 3),
+            (64, 32, 8, 2, 2),
+            (32, 32, 4, 4, 2),
+        ]:
+            dx_cands[f"loop{cfg}"] = dx_loop(*cfg, False)
+            dx_cands[f"loop+dphi{cfg}"] = dx_loop(*cfg, True)
     for name, fn in dx_cands.items():
         try:
             out = fn()

@@ -36,7 +36,7 @@ _SMS: dict = {}
 FUSED_DX = True
 # (token block, channel block, warps) of _hc_dx_kernel; (token block, K block, warps, programs
 # per SM) of _hc_dphi_kernel.
-DX_CFG = (32, 32, 4)
+DX_CFG = (16, 32, 2)
 DPHI_CFG = (32, 128, 4, 2)
 # The forward GEMM reads a K-major (NP, K) copy of φ (tf32 wgmma takes it from shared memory
 # without a transpose); False reads φ itself.
@@ -178,7 +178,7 @@ class _HCPre(torch.autograd.Function):
         if ctx.fused:
             # dx_res is dX_next here (see _HCPost.backward).
             BM, BCX, warps = DX_CFG
-            K._hc_dx_kernel[(triton.cdiv(T, BM), triton.cdiv(C, BCX))](
+            K._hc_dx_kernel[(triton.cdiv(C, BCX), triton.cdiv(T, BM))](
                 x,
                 dx_res,
                 du,
