@@ -526,6 +526,7 @@ def main():
     ap.add_argument("--check-only", action="store_true", help="no timing (CPU interpreter)")
     ap.add_argument("--all", action="store_true", help="also the dX candidates of run 2")
     ap.add_argument("--skip-dphi", action="store_true")
+    ap.add_argument("--prec", default="tf32", choices=["tf32", "ieee"])
     args = ap.parse_args()
     torch.manual_seed(0)
     T, n, C = args.tokens, 4, args.C
@@ -566,7 +567,7 @@ def main():
 
     cands = {}
     cands["layer_kernel(64, 64, 4, 4)"] = split_launch(
-        K._hc_dphi_kernel, 64, 64, 4, 4, extra=(x, dy), PREC="tf32"
+        K._hc_dphi_kernel, 64, 64, 4, 4, extra=(x, dy), PREC="tf32", X_LEFT=False
     )
     for cfg in [
         (32, 128, 4, 4),
@@ -577,6 +578,14 @@ def main():
         (64, 128, 8, 4),
     ]:
         cands[f"transposed{cfg}"] = split_launch(_dphi_t_kernel, *cfg, extra=(x, dy), PREC="tf32")
+    if args.prec == "ieee":
+        cands = {
+            f"layer_kernel{cfg} x_left={xl}": split_launch(
+                K._hc_dphi_kernel, *cfg, extra=(x, dy), PREC="ieee", X_LEFT=xl
+            )
+            for cfg in [(64, 64, 4, 4), (32, 128, 4, 2)]
+            for xl in (True, False)
+        }
     dyc = dy[:, :N].contiguous()
     saved = torch.backends.cuda.matmul.allow_tf32
     try:
@@ -631,7 +640,7 @@ def main():
                 BC=BC,
                 NS=NS,
                 NP=NP,
-                PREC="tf32",
+                PREC=args.prec,
                 num_warps=warps,
             )
             return dx0
@@ -826,6 +835,10 @@ def main():
         ]:
             dx_cands[f"loop{cfg}"] = dx_loop(*cfg, False)
             dx_cands[f"loop+dphi{cfg}"] = dx_loop(*cfg, True)
+    if args.prec == "ieee":
+        dx_cands = {
+            f"layer_kernel{c}": dx_layer(*c) for c in [(32, 32, 4), (16, 32, 2), (32, 32, 2)]
+        }
     for name, fn in dx_cands.items():
         try:
             out = fn()
@@ -839,7 +852,7 @@ def main():
             print(f"dx    {name:40s} FAILED: {type(e).__name__}: {str(e)[:300]}", flush=True)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "mhc_layer_probe.json"), "w") as f:
+        with open(os.path.join(args.out, f"mhc_layer_probe_{args.prec}.json"), "w") as f:
             json.dump(
                 dict(
                     device=torch.cuda.get_device_name() if dev == "cuda" else "cpu",

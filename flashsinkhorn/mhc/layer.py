@@ -35,9 +35,12 @@ _SMS: dict = {}
 # computes dX and dφ together (_hc_input_bwd_kernel).
 FUSED_DX = True
 # (token block, channel block, warps) of _hc_dx_kernel; (token block, K block, warps, programs
-# per SM) of _hc_dphi_kernel.
+# per SM) of _hc_dphi_kernel. tf32 (tensor cores) and ieee (Triton's CUDA-core dot) want
+# different tiles, and ieee keeps xᵀ as the left operand of dφ (see _hc_dphi_kernel).
 DX_CFG = (16, 32, 2)
 DPHI_CFG = (32, 128, 4, 2)
+DX_CFG_IEEE = (32, 32, 4)
+DPHI_CFG_IEEE = (64, 64, 4, 4)
 # The forward GEMM reads a K-major (NP, K) copy of φ (tf32 wgmma takes it from shared memory
 # without a transpose); False reads φ itself.
 GEMM_PHI_T = True
@@ -177,7 +180,8 @@ class _HCPre(torch.autograd.Function):
         dx = torch.empty_like(x)
         if ctx.fused:
             # dx_res is dX_next here (see _HCPost.backward).
-            BM, BCX, warps = DX_CFG
+            ieee = prec == "ieee"
+            BM, BCX, warps = DX_CFG_IEEE if ieee else DX_CFG
             K._hc_dx_kernel[(triton.cdiv(C, BCX), triton.cdiv(T, BM))](
                 x,
                 dx_res,
@@ -200,7 +204,7 @@ class _HCPre(torch.autograd.Function):
                 PREC=prec,
                 num_warps=warps,
             )
-            BMP, BKP, warps, per_sm = DPHI_CFG
+            BMP, BKP, warps, per_sm = DPHI_CFG_IEEE if ieee else DPHI_CFG
             k_progs = triton.cdiv(Kd, BKP)
             n_fill = triton.cdiv(per_sm * _num_sms(dev), k_progs)
             n_tsplit = max(1, min(triton.cdiv(T, BMP), n_fill))
@@ -216,6 +220,7 @@ class _HCPre(torch.autograd.Function):
                 BK=BKP,
                 NP=NP,
                 PREC=prec,
+                X_LEFT=ieee,
                 num_warps=warps,
             )
         else:
