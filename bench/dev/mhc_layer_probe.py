@@ -567,7 +567,7 @@ def main():
 
     cands = {}
     cands["layer_kernel(64, 64, 4, 4)"] = split_launch(
-        K._hc_dphi_kernel, 64, 64, 4, 4, extra=(x, dy), PREC="tf32", X_LEFT=False
+        K._hc_dphi_kernel, 64, 64, 4, 4, extra=(x, dy), PREC="tf32"
     )
     for cfg in [
         (32, 128, 4, 4),
@@ -580,11 +580,8 @@ def main():
         cands[f"transposed{cfg}"] = split_launch(_dphi_t_kernel, *cfg, extra=(x, dy), PREC="tf32")
     if args.prec == "ieee":
         cands = {
-            f"layer_kernel{cfg} x_left={xl}": split_launch(
-                K._hc_dphi_kernel, *cfg, extra=(x, dy), PREC="ieee", X_LEFT=xl
-            )
+            f"layer_kernel{cfg}": split_launch(K._hc_dphi_kernel, *cfg, extra=(x, dy), PREC="ieee")
             for cfg in [(64, 64, 4, 4), (32, 128, 4, 2)]
-            for xl in (True, False)
         }
     dyc = dy[:, :N].contiguous()
     saved = torch.backends.cuda.matmul.allow_tf32

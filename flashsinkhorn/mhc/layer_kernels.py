@@ -376,22 +376,18 @@ def _hc_dphi_kernel(
     BK: tl.constexpr,
     NP: tl.constexpr,
     PREC: tl.constexpr,
-    X_LEFT: tl.constexpr,
 ):
-    # Partial dφ over this program's token blocks (split over tokens; summed on the host).
-    # X_LEFT = False (tf32): accumulated as dφᵀ = dhᵀ·x, x the untransposed right-hand operand.
-    # As the left-hand xᵀ it is M-major, which tf32 wgmma cannot read, and the staged transpose
-    # ran at 30 % of bandwidth (docs/performance.md, mHC log 6). X_LEFT = True (ieee): xᵀ·dh,
-    # the layout Triton's CUDA-core dot handles best.
+    # Partial dφ over this program's token blocks (split over tokens; summed on the host),
+    # accumulated as dφᵀ = dhᵀ·x: x stays the untransposed right-hand operand. As the left-hand
+    # xᵀ it is M-major, which tf32 wgmma cannot read, and the staged transpose ran at 30 % of
+    # bandwidth (docs/performance.md, mHC log 6); Triton's CUDA-core (ieee) dot is also faster
+    # this way round.
     i_k = tl.program_id(0)
     i_s = tl.program_id(1)
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
     o_n = tl.arange(0, NP)
-    if X_LEFT:
-        b_acc = tl.zeros((BK, NP), tl.float32)
-    else:
-        b_acc = tl.zeros((NP, BK), tl.float32)
+    b_acc = tl.zeros((NP, BK), tl.float32)
     n_tb = tl.cdiv(T, BM)
     for tb in range(i_s, n_tb, n_tsplit):
         o_m = tb * BM + tl.arange(0, BM)
@@ -401,20 +397,9 @@ def _hc_dphi_kernel(
             mask=m_m[:, None] & m_k[None, :],
             other=0.0,
         ).to(tl.float32)
-        if X_LEFT:
-            b_dy = tl.load(
-                p_dy + o_m[:, None].to(tl.int64) * NP + o_n[None, :], mask=m_m[:, None], other=0.0
-            )
-            b_acc += tl.dot(tl.trans(b_x), b_dy, input_precision=PREC)
-        else:
-            b_dyt = tl.load(
-                p_dy + o_m[None, :].to(tl.int64) * NP + o_n[:, None], mask=m_m[None, :], other=0.0
-            )
-            b_acc += tl.dot(b_dyt, b_x, input_precision=PREC)
-    o_s = i_s.to(tl.int64) * K * NP
-    if X_LEFT:
-        p_o = p_dphi + o_s + o_k[:, None].to(tl.int64) * NP + o_n[None, :]
-        tl.store(p_o, b_acc, mask=m_k[:, None])
-    else:
-        p_o = p_dphi + o_s + o_k[None, :].to(tl.int64) * NP + o_n[:, None]
-        tl.store(p_o, b_acc, mask=m_k[None, :])
+        b_dyt = tl.load(
+            p_dy + o_m[None, :].to(tl.int64) * NP + o_n[:, None], mask=m_m[None, :], other=0.0
+        )
+        b_acc += tl.dot(b_dyt, b_x, input_precision=PREC)
+    p_o = p_dphi + i_s.to(tl.int64) * K * NP + o_k[None, :].to(tl.int64) * NP + o_n[:, None]
+    tl.store(p_o, b_acc, mask=m_k[None, :])
