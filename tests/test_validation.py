@@ -85,3 +85,47 @@ def test_weight_shapes_accepted():
     xb, yb = X.expand(2, 10, 3), Y.expand(2, 12, 3)
     r3 = fs.sinkhorn(xb, yb, a, None, eps=0.1)  # shared (n,) weights for a batch
     assert r3.value.shape == (2,)
+
+
+def _poisoned(t, value, where=(3, 1)):
+    t = t.clone()
+    t[where] = value
+    return t
+
+
+@pytest.mark.parametrize("precision", ["ieee", "tf32", "tf32x3"])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(x=_poisoned(X, math.nan)), "x must not contain NaN"),
+        (dict(y=_poisoned(Y, math.inf)), "y must not contain NaN"),
+        (dict(x=_poisoned(X, -math.inf), y=_poisoned(Y, math.nan)), "x must not contain NaN"),
+        # a huge finite coordinate next to an infinite one: the centred maximum is not finite
+        (dict(x=_poisoned(X, 3e38), y=_poisoned(Y, math.inf)), "y must not contain NaN"),
+        (dict(x=_poisoned(X, math.nan), a=torch.ones(10) / 10), "x must not contain NaN"),
+        (dict(a=-torch.ones(10) / 10, y=_poisoned(Y, math.nan)), "a must be non-negative"),
+        (dict(b=torch.ones(12) / 6), "equal total mass"),
+        (dict(a=torch.zeros(10), b=torch.ones(12) / 12), "a must have a positive total mass"),
+    ],
+)
+def test_value_checks_every_precision(kwargs, match, precision):
+    # The checks share one synchronisation; with "tf32"/"tf32x3" the points' finiteness is read
+    # from the operand scale's reduction (problem.prepare). Each path must still name the input.
+    with pytest.raises(ValueError, match=match):
+        call(precision=precision, backend="torch", **kwargs)
+
+
+@pytest.mark.parametrize("precision", ["ieee", "tf32"])
+def test_uniform_weights_skip_checks_but_not_zero_weights(precision):
+    # None weights are built uniform (no checks needed); given weights with zeros still mark
+    # the side as having null points, which changes nothing in the value.
+    a = torch.ones(10) / 10
+    a0 = a.clone()
+    a0[0] = 0.0
+    a0 = a0 / a0.sum()
+    r_none = call(precision=precision, backend="torch")
+    r_given = call(a=a, precision=precision, backend="torch")
+    assert torch.allclose(r_none.value, r_given.value, rtol=1e-6, atol=0)
+    r_zero = call(a=a0, precision=precision, backend="torch")
+    assert torch.isfinite(r_zero.value) and r_zero._problem.X.has_null
+    assert not r_none._problem.X.has_null
