@@ -277,9 +277,8 @@ def prepare(
                     "for an unbalanced problem"
                 )
             raise ValueError(msg)
-        nulls = iter(vals[len(checks) :])
-        null_a = bool(next(nulls)) if a is not None else False
-        null_b = bool(next(nulls)) if b is not None else False
+        null = dict(zip([nm for nm, _, _ in given], vals[len(checks) :], strict=True))
+        null_a, null_b = bool(null.get("a", False)), bool(null.get("b", False))
 
     # Translation invariance: centre at the joint weighted mean so that fp32 norms stay accurate.
     Xc = X.to(pdtype)

@@ -325,69 +325,6 @@ def _dx_fma_kernel(
 
 
 @triton.jit
-def _dx_swap_kernel(
-    p_x,
-    p_dout,
-    p_du,
-    p_coef,
-    p_hres,
-    p_dy,
-    p_rcoef,
-    p_phi,
-    p_dx,
-    T,
-    K,
-    N,
-    n,
-    C,
-    BM: tl.constexpr,
-    BC: tl.constexpr,
-    NS: tl.constexpr,
-    NP: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    # dX = H_resᵀ·dX_next + H_pre[j]·du + dh·φᵀ + ρ·x for BM tokens × channels [c0, c0 + BC) of
-    # every stream (columns kk = j·BC + c ↔ K-index j·C + c0 + c), one tile per program: the
-    # residual part is computed here from dX_next, so dX_res never goes through HBM. dφ is left
-    # to _hc_dphi_kernel.
-    # channel blocks fastest: programs running together read whole rows of X and dX_next
-    i_c = tl.program_id(0)
-    i_m = tl.program_id(1)
-    o_kk = tl.arange(0, NS * BC)
-    o_j = o_kk // BC
-    o_cc = i_c * BC + o_kk % BC
-    m_kk = (o_j < n) & (o_cc < C)
-    o_k = o_j * C + o_cc
-    o_n = tl.arange(0, NP)
-    m_n = o_n < N
-    o_s = tl.arange(0, NS)
-    o_m = i_m * BM + tl.arange(0, BM)
-    m_m = o_m < T
-    m_mk = m_m[:, None] & m_kk[None, :]
-    m_ms = m_m[:, None] & (o_s < n)[None, :]
-    o_t = o_m[:, None].to(tl.int64)
-    o_mk = o_t * K + o_k[None, :]
-    b_x = tl.load(p_x + o_mk, mask=m_mk, other=0.0).to(tl.float32)
-    b_du = tl.load(p_du + o_t * C + o_cc[None, :], mask=m_mk, other=0.0).to(tl.float32)
-    b_hp = tl.load(p_coef + o_t * (2 * n) + o_s[None, :], mask=m_ms, other=0.0)
-    b_rc = tl.load(p_rcoef + o_m, mask=m_m, other=0.0)
-    b_dx = _widen(b_hp, BM, NS, BC) * b_du + b_rc[:, None] * b_x
-    for i in range(n):
-        # dX[j] += H_res[i, j]·dX_next[i] (the dX_next tile of stream i feeds every j: L1 hits)
-        b_do = tl.load(p_dout + o_t * K + i * C + o_cc[None, :], mask=m_mk, other=0.0)
-        b_h = tl.load(p_hres + o_t * (n * n) + i * n + o_s[None, :], mask=m_ms, other=0.0)
-        b_dx += _widen(b_h.to(tl.float32), BM, NS, BC) * b_do.to(tl.float32)
-    b_wt = tl.load(
-        p_phi + o_k[None, :].to(tl.int64) * N + o_n[:, None],
-        mask=m_kk[None, :] & m_n[:, None],
-        other=0.0,
-    ).to(tl.float32)
-    b_dy = tl.load(p_dy + o_t * NP + o_n[None, :], mask=m_m[:, None], other=0.0)
-    b_dx += tl.dot(b_dy, b_wt, input_precision=PREC)
-    tl.store(p_dx + o_mk, b_dx.to(p_dx.dtype.element_ty), mask=m_mk)
-
-
-@triton.jit
 def _dx4_stream(
     j: tl.constexpr,
     p_x,
@@ -611,150 +548,27 @@ def main():
     hres = torch.rand(T, n, n, device=dev)
     rcoef = 1e-3 * torch.randn(T, device=dev)
     phi = 0.01 * torch.randn(Kd, N, device=dev)
-    phit = torch.zeros(NP, Kd, device=dev)
-    phit[:N] = phi.t()
     dx0 = torch.empty_like(x)
     dx1 = torch.empty_like(x)
 
+    def dx_tile(kernel, BM, BC, warps, out, prec="tf32", channels_fastest=True):
+        # one [BM tokens × n·BC channels] tile per program; the library's _hc_dx_kernel and
+        # _dx4_kernel take channel blocks on grid axis 0, the older candidates token blocks
+        grid = (triton.cdiv(C, BC), triton.cdiv(T, BM))
+        grid = grid if channels_fastest else grid[::-1]
+
+        def run():
+            kernel[grid](x, dout, du, coef, hres, dy, rcoef, phi, out, T, Kd, N, n, C, BM=BM,
+                         BC=BC, NS=NS, NP=NP, PREC=prec, num_warps=warps)  # fmt: skip
+            return out
+
+        return run
+
     def dx_layer(BM, BC, warps):
-        def run():
-            K._hc_dx_kernel[(triton.cdiv(C, BC), triton.cdiv(T, BM))](
-                x,
-                dout,
-                du,
-                coef,
-                hres,
-                dy,
-                rcoef,
-                phi,
-                dx0,
-                T,
-                Kd,
-                N,
-                n,
-                C,
-                BM=BM,
-                BC=BC,
-                NS=NS,
-                NP=NP,
-                PREC=args.prec,
-                num_warps=warps,
-            )
-            return dx0
+        return dx_tile(K._hc_dx_kernel, BM, BC, warps, dx0, args.prec)
 
-        return run
-
-    def dx_static(BM, BC, warps):
-        def run():
-            _dx_static_kernel[(triton.cdiv(T, BM), triton.cdiv(C, BC))](
-                x,
-                dout,
-                du,
-                coef,
-                hres,
-                dy,
-                rcoef,
-                phi,
-                dx1,
-                T,
-                Kd,
-                N,
-                n,
-                C,
-                BM=BM,
-                BC=BC,
-                NS=NS,
-                NP=NP,
-                PREC="tf32",
-                num_warps=warps,
-            )
-            return dx1
-
-        return run
-
-    def dx_other(kernel, BM, BC, warps):
-        def run():
-            kernel[(triton.cdiv(T, BM), triton.cdiv(C, BC))](
-                x,
-                dout,
-                du,
-                coef,
-                hres,
-                dy,
-                rcoef,
-                phi,
-                dx1,
-                T,
-                Kd,
-                N,
-                n,
-                C,
-                BM=BM,
-                BC=BC,
-                NS=NS,
-                NP=NP,
-                PREC="tf32",
-                num_warps=warps,
-            )
-            return dx1
-
-        return run
-
-    def dx_swap(BM, BC, warps):
-        def run():
-            _dx_swap_kernel[(triton.cdiv(C, BC), triton.cdiv(T, BM))](
-                x,
-                dout,
-                du,
-                coef,
-                hres,
-                dy,
-                rcoef,
-                phi,
-                dx1,
-                T,
-                Kd,
-                N,
-                n,
-                C,
-                BM=BM,
-                BC=BC,
-                NS=NS,
-                NP=NP,
-                PREC="tf32",
-                num_warps=warps,
-            )
-            return dx1
-
-        return run
-
-    def dx_n4(BM, BC, warps):
-        def run():
-            _dx4_kernel[(triton.cdiv(C, BC), triton.cdiv(T, BM))](
-                x,
-                dout,
-                du,
-                coef,
-                hres,
-                dy,
-                rcoef,
-                phi,
-                dx1,
-                T,
-                Kd,
-                N,
-                n,
-                C,
-                BM=BM,
-                BC=BC,
-                NS=NS,
-                NP=NP,
-                PREC="tf32",
-                num_warps=warps,
-            )
-            return dx1
-
-        return run
+    def dx_token_fastest(kernel, BM, BC, warps):
+        return dx_tile(kernel, BM, BC, warps, dx1, channels_fastest=False)
 
     def dx_loop(BM, BC, warps, per_sm, stages, dphi):
         c_progs = triton.cdiv(C, BC)
@@ -798,30 +612,18 @@ def main():
     bscale = base.abs().max().item()
     ref_dphi = (x.double().t() @ dy.double())[:, :N]
     dscale = ref_dphi.abs().max().item()
-    dx_cands = {"layer_kernel(32, 32, 4)": dx_layer(32, 32, 4)}
-    for cfg in [(16, 32, 4), (16, 32, 2)]:
-        dx_cands[f"layer_kernel{cfg}"] = dx_layer(*cfg)
-    for cfg in [(32, 32, 4), (16, 32, 2)]:
-        dx_cands[f"swap{cfg}"] = dx_swap(*cfg)
-    for cfg in [
-        (16, 32, 2),
-        (16, 64, 2),
-        (32, 32, 2),
-        (16, 32, 1),
-        (32, 64, 4),
-        (16, 128, 4),
-        (32, 128, 4),
-        (64, 64, 4),
-        (16, 64, 4),
-    ]:
-        dx_cands[f"n4{cfg}"] = dx_n4(*cfg)
+    # the library kernel (channel blocks fastest since run 5, "swap" in the run-5/6 results)
+    dx_cands = {f"layer_kernel{c}": dx_layer(*c) for c in [(32, 32, 4), (16, 32, 2), (16, 32, 4)]}
+    for cfg in [(16, 32, 2), (16, 64, 2), (32, 32, 2), (16, 32, 1), (32, 64, 4), (16, 128, 4),
+                (32, 128, 4), (64, 64, 4), (16, 64, 4)]:  # fmt: skip
+        dx_cands[f"n4{cfg}"] = dx_tile(_dx4_kernel, *cfg, dx1)
     if args.all:
         for cfg in [(32, 32, 4), (16, 32, 4), (16, 32, 2), (32, 32, 2), (16, 64, 4), (32, 16, 2)]:
-            dx_cands[f"gather{cfg}"] = dx_other(_dx_gather_kernel, *cfg)
+            dx_cands[f"gather{cfg}"] = dx_token_fastest(_dx_gather_kernel, *cfg)
         for cfg in [(32, 32, 4), (16, 32, 2), (16, 64, 4), (32, 16, 2)]:
-            dx_cands[f"fma{cfg}"] = dx_other(_dx_fma_kernel, *cfg)
+            dx_cands[f"fma{cfg}"] = dx_token_fastest(_dx_fma_kernel, *cfg)
         for cfg in [(32, 32, 4), (32, 64, 4), (64, 32, 8), (16, 64, 4)]:
-            dx_cands[f"static{cfg}"] = dx_static(*cfg)
+            dx_cands[f"static{cfg}"] = dx_token_fastest(_dx_static_kernel, *cfg)
         for cfg in [
             (32, 32, 4, 2, 3),
             (32, 32, 8, 2, 3),
