@@ -63,17 +63,20 @@ FWD_CANDS = [
     ((8, True, True), (128, 4)),
 ]
 BWD_CANDS = [
+    ((8, True, False, 2, False, True), (64, 2, 128)),
     ((8, True, False), (64, 2)),
-    ((8, True, False), (64, 2, 128)),
-    ((20, True, False), (64, 2, 128)),
-    ((8, True, True), (64, 2)),
-    ((20, True, True), (64, 2, 128)),
+    ((8, True, False, 2, False, True), (64, 2)),
+    ((8, True, False, 2, True, True), (64, 2, 128)),
 ]
+DEEPSEEK_BWD = ((8, True, False, 2, False, True), (64, 2))
 
 
 def _cand_name(variant, opts, cfg):
-    keep_a, _, pair = opts
+    keep_a, _, pair, *more = opts
+    ckpt, ahead, rowsum = (more + [1, False, False][len(more) :])[:3]
     extra = f"|keep{keep_a}" + ("|pair" if pair else "")
+    extra += (f"|ckpt{ckpt}" if ckpt > 1 else "") + ("|ahead" if ahead else "")
+    extra += "|rowsum" if rowsum else ""
     return f"triton_{variant}[{'x'.join(map(str, cfg))}{extra}]"
 
 
@@ -91,7 +94,7 @@ def precompile(share, n_shares):
     while the tests run: the unrolled backward takes ~20 s of CPU to compile)."""
     jobs = [("fwd", v, o, c) for v in ("log",) for o, c in FWD_CANDS]
     jobs += [("bwd", "log", o, c) for o, c in BWD_CANDS]
-    jobs += [("fwd", "deepseek", *FWD_CANDS[0]), ("bwd", "deepseek", *BWD_CANDS[0])]
+    jobs += [("fwd", "deepseek", *FWD_CANDS[0]), ("bwd", "deepseek", *DEEPSEEK_BWD)]
     m = torch.randn(4096, 4, 4, device="cuda")
     for k, (kind, variant, opts, cfg) in enumerate(jobs):
         if k % n_shares != share:
@@ -100,7 +103,10 @@ def precompile(share, n_shares):
             _with(opts, "fwd", cfg, lambda v=variant: sk_triton.sk_forward_triton(m, 20, v, 1e-6))
         else:
             _with(
-                opts, "bwd", cfg, lambda v=variant: sk_triton.sk_backward_triton(m, m, 20, v, 1e-6)
+                opts,
+                "bwd" if variant == "log" else "bwd_deepseek",
+                cfg,
+                lambda v=variant: sk_triton.sk_backward_triton(m, m, 20, v, 1e-6),
             )
     torch.cuda.synchronize()
 
@@ -112,7 +118,9 @@ def _bench_projection_size(B, sweep, baselines):
     # our kernels: generator options and launch configurations (FWD_CANDS, BWD_CANDS)
     for variant in ("log", "deepseek"):
         fwd_c = FWD_CANDS if sweep and variant == "log" else FWD_CANDS[:1]
-        bwd_c = BWD_CANDS if sweep and variant == "log" else BWD_CANDS[:1]
+        bwd_c = BWD_CANDS if sweep else BWD_CANDS[:1]
+        bwd_c = bwd_c if variant == "log" else [DEEPSEEK_BWD]
+        bwd_key = "bwd" if variant == "log" else "bwd_deepseek"
         for opts, cfg in fwd_c:
             fn = lambda v=variant: sk_triton.sk_forward_triton(m, iters, v, 1e-6)  # noqa: E731
             first = _with(opts, "fwd", cfg, lambda fn=fn: _first_call(fn))
@@ -121,8 +129,8 @@ def _bench_projection_size(B, sweep, baselines):
             _row("mhc_fwd", B, n, iters, name, ms, 128 * B, first_call_s=round(first, 2))
         for opts, cfg in bwd_c:
             fn = lambda v=variant: sk_triton.sk_backward_triton(m, g, iters, v, 1e-6)  # noqa: E731
-            first = _with(opts, "bwd", cfg, lambda fn=fn: _first_call(fn))
-            ms = _with(opts, "bwd", cfg, lambda fn=fn: _bench(fn))
+            first = _with(opts, bwd_key, cfg, lambda fn=fn: _first_call(fn))
+            ms = _with(opts, bwd_key, cfg, lambda fn=fn: _bench(fn))
             name = _cand_name(variant, opts, cfg)
             _row("mhc_bwd", B, n, iters, name, ms, 192 * B, first_call_s=round(first, 2))
     # general path at n = 4 for comparison (one matrix per program)

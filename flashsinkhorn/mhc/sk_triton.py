@@ -27,13 +27,15 @@ import triton.language as tl
 
 LOG2E = 1.4426950408889634
 
-# (matrices per program, warps[, maxnreg]) of the small path; bench/bench_mhc.py sweeps these.
-# maxnreg caps the registers (ptxas spills the rest to L1-resident local memory) to fit more
-# warps per SM. Defaults: the fastest of the sweep on the H200 at B = 2^24
-# (bench/results/mhc_h200.json).
-SMALL_CONFIG = {"fwd": (256, 8), "bwd": (64, 2)}
-# Generator options (keep_a, prefetch, pair), see _gen_small.
-SMALL_BWD_OPTS = (8, True, False)
+# (matrices per program, warps[, maxnreg]) of the small path; bench/bench_mhc.py and
+# bench/dev/sk_bwd_sweep.py sweep these. maxnreg caps the registers (ptxas spills the rest to
+# L1-resident local memory) to fit more warps per SM. Defaults: the fastest of the sweeps on the
+# H200 at B = 2^24 (bench/results/mhc_h200.json, bench/results/dev/sk_bwd_sweep_h200_*.json).
+# The log backward with 128 registers runs 16 warps per SM (12 at its natural 168); the
+# deepseek backward keeps every scaling vector (no checkpointing) and is not capped.
+SMALL_CONFIG = {"fwd": (256, 8), "bwd": (64, 2, 128), "bwd_deepseek": (64, 2)}
+# Generator options (keep_a, prefetch, pair[, ckpt, ahead, rowsum]), see _gen_small.
+SMALL_BWD_OPTS = (8, True, False, 2, False, True)
 # Half-step states kept on chip by the general backward before it recomputes segments.
 GEN_HS_MAX = 64
 
@@ -244,7 +246,15 @@ def _emit_col(
 
 
 def _gen_small(
-    n: int, n_iters: int, variant: str, keep_a: int = 0, prefetch: bool = True, pair: bool = False
+    n: int,
+    n_iters: int,
+    variant: str,
+    keep_a: int = 0,
+    prefetch: bool = True,
+    pair: bool = False,
+    ckpt: int = 1,
+    ahead: bool = False,
+    rowsum: bool = False,
 ) -> str:
     """Kernel source for (n, n_iters, variant).
 
@@ -253,6 +263,11 @@ def _gen_small(
     FMA and n reciprocals fewer). pair: reciprocals two at a time (see _emit_rcps), forward and
     backward. prefetch: load the upstream gradient at the start
     (its latency hides behind the forward recompute) instead of after the forward.
+    ckpt (log variant): keep only every ckpt-th column scaling B_k live since the forward and
+    recompute the others in the reverse pass (4·(T − T/ckpt) registers fewer for one extra
+    half-step per recomputed B_k). ahead: emit the next reverse round's recomputation before
+    the current round's math. rowsum (log variant): accumulate n·(n−1) entries of the
+    gradient instead of n² and recover the last column from the zero row sums of dM.
     """
     log = variant == "log"
     R = range(n)
@@ -322,20 +337,53 @@ def _gen_small(
     for j in R:
         s(f"db{j} = " + " + ".join(f"d{i}{j} * x{i}{j} * A{T}_{i}" for i in R))
     last = 1 if log else 2
+    # Reverse pass. Round k needs A_k, B_k and B_{k-1}. With ckpt > 1 (log variant) only every
+    # ckpt-th B_k stays live since the forward (and B_0, B_T); the others are recomputed from
+    # the kept one below them, each by one row and one column half-step.
+    ckpt = ckpt if log else 1
+    keep_b = {k for k in range(T + 1) if k % ckpt == 0 or k == T}
+    have_a = {k for k in range(1, T + 1) if not log or k >= T - keep_a}
+    have_b = set(keep_b)
+    bname = {k: f"B{k}_" for k in keep_b}
+
+    def ensure_a(k):
+        if k in have_a:
+            return
+        ensure_b(k - 1)
+        # Recompute A_k = 1/(A B_{k-1}) rather than keeping it live since the forward.
+        _emit_row(s, n, log, "", bname[k - 1], f"A{k}_", rcp="_rcp_nc", pair=pair)
+        have_a.add(k)
+
+    def ensure_b(k):
+        if k in have_b:
+            return
+        ensure_a(k)
+        # (log variant only: the column step does not read the previous B)
+        _emit_col(s, n, log, f"A{k}_", "", f"R{k}_", pair=pair)
+        bname[k] = f"R{k}_"
+        have_b.add(k)
+
+    # rowsum: the log variant's dM has zero row sums (adding a constant to a row of M leaves
+    # P unchanged), so the last column of the accumulator is not kept: z_{i,n-1} = −Σ_j z_ij.
+    cols = range(n - 1) if (log and rowsum and n > 1) else R
     for k in range(T, 0, -1):
-        if log and k < T - keep_a:
-            # Recompute A_k = 1/(A B_{k-1}) rather than keeping it live since the forward:
-            # only the B_k stay in registers (n·T values instead of 2·n·T).
-            _emit_row(s, n, log, "", f"B{k - 1}_", f"A{k}_", rcp="_rcp_nc", pair=pair)
+        ensure_a(k)
+        ensure_b(k)
+        ensure_b(k - 1)
+        if ahead and k > 1:
+            # the next round's recomputation, issued before this round's dependent chain
+            ensure_a(k - 1)
+            ensure_b(k - 2)
+        bk, bp = bname[k], bname[k - 1]
         # column half-step of round k: B_k from (A_k, B_{k-1})
         for j in R:
-            s(f"dc{j} = -db{j} * B{k}_{j} * B{k}_{j}")
+            s(f"dc{j} = -db{j} * {bk}{j} * {bk}{j}")
             if not log:
                 s(
-                    f"db{j} = db{j} * eps * (B{k}_{j} * _rcp(B{k - 1}_{j}, FAST)) * "
-                    f"(B{k}_{j} * _rcp(B{k - 1}_{j}, FAST))"
+                    f"db{j} = db{j} * eps * ({bk}{j} * _rcp({bp}{j}, FAST)) * "
+                    f"({bk}{j} * _rcp({bp}{j}, FAST))"
                 )
-        for i, j in itertools.product(R, R):
+        for i, j in itertools.product(R, cols):
             s(f"y{i}{j} += A{k}_{i} * dc{j}")
         for i in R:
             s(f"da{i} += " + " + ".join(f"x{i}{j} * dc{j}" for j in R))
@@ -351,14 +399,17 @@ def _gen_small(
                     f"da{i} = da{i} * eps * (A{k}_{i} * _rcp(A{k - 1}_{i}, FAST)) * "
                     f"(A{k}_{i} * _rcp(A{k - 1}_{i}, FAST))"
                 )
-        for i, j in itertools.product(R, R):
-            s(f"y{i}{j} += dr{i} * B{k - 1}_{j}")
+        for i, j in itertools.product(R, cols):
+            s(f"y{i}{j} += dr{i} * {bp}{j}")
         for j in R:
             s(f"db{j} {'=' if log else '+='} " + " + ".join(f"x{i}{j} * dr{i}" for i in R))
     if log:
         # A = exp(M − f − g) with the shifts held constant (P does not depend on them).
-        for i, j in itertools.product(R, R):
+        for i, j in itertools.product(R, cols):
             s(f"z{i}{j} = y{i}{j} * x{i}{j}")
+        if len(cols) < n:
+            for i in R:
+                s(f"z{i}{n - 1} = -(" + " + ".join(f"z{i}{j}" for j in cols) + ")")
     else:
         # A = softmax(M) + eps: softmax backward.
         for i in R:
@@ -376,7 +427,8 @@ _SMALL_CACHE_LOCK = threading.Lock()
 
 
 def _small_kernels(n: int, n_iters: int, variant: str, opts: tuple | None = None):
-    """(forward, backward) kernels; opts = (keep_a, prefetch, pair), default SMALL_BWD_OPTS."""
+    """(forward, backward) kernels; opts = (keep_a, prefetch, pair[, ckpt, ahead, rowsum]) as in
+    _gen_small, default SMALL_BWD_OPTS."""
     opts = SMALL_BWD_OPTS if opts is None else tuple(opts)
     key = (n, n_iters, variant, opts)
     hit = _SMALL_CACHE.get(key)
@@ -388,8 +440,7 @@ def _small_kernels(n: int, n_iters: int, variant: str, opts: tuple | None = None
 
 def _build_small_kernels(key, n, n_iters, variant, opts):
     if key not in _SMALL_CACHE:
-        keep_a, prefetch, pair = opts
-        src = _gen_small(n, n_iters, variant, keep_a=keep_a, prefetch=prefetch, pair=pair)
+        src = _gen_small(n, n_iters, variant, *opts)
         fname = f"<flashsinkhorn.mhc generated sk n={n} T={n_iters} {variant} {opts}>"
         # triton.jit reads the source through inspect/linecache; mtime None keeps the entry
         # from being evicted by linecache.checkcache().
@@ -617,7 +668,7 @@ def sk_backward_triton(
     eps = 0.0 if variant == "log" else float(eps)
     if path == "small" or (path == "auto" and n <= 4):
         _, bwd = _small_kernels(n, n_iters, variant)
-        block, kw = _launch_cfg(SMALL_CONFIG["bwd"], m)
+        block, kw = _launch_cfg(SMALL_CONFIG["bwd" if variant == "log" else "bwd_deepseek"], m)
         fast = m.is_cuda and not _interpreting()
         bwd[(triton.cdiv(bsz, block),)](m, grad, out, bsz, eps, BLOCK=block, FAST=fast, **kw)
         return out

@@ -192,17 +192,30 @@ def test_triton_small_path_large_logits(device, variant):
 
 
 @pytest.mark.parametrize(
-    ("keep_a", "pair"), [(0, False), (7, True), (20, False), (8, True), (20, True)]
+    "opts",
+    [
+        (0, True, False),
+        (7, False, True),
+        (20, True, False),
+        (8, True, True),
+        (20, True, True),
+        (0, True, False, 2, True, True),
+        (8, True, False, 3, False, True),
+        (4, False, True, 2, True, False),
+        (20, True, False, 4, False, True),
+    ],
 )
-def test_triton_small_path_generator_options(device, monkeypatch, keep_a, pair):
-    # the backward's register/recompute trade-off (row scalings kept for the last keep_a rounds,
-    # recomputed for the others), the late load of the upstream gradient and the paired
-    # reciprocals must not change the result
-    monkeypatch.setattr(sk_triton, "SMALL_BWD_OPTS", (keep_a, keep_a != 7, pair))
+def test_triton_small_path_generator_options(device, monkeypatch, opts):
+    # the backward's register/recompute trade-offs (row scalings kept for the last keep_a
+    # rounds, every ckpt-th column scaling kept and the others recomputed, the recomputation
+    # issued a round ahead), the late load of the upstream gradient, the paired reciprocals and
+    # the last gradient column taken from the zero row sums must not change the result
+    monkeypatch.setattr(sk_triton, "SMALL_BWD_OPTS", opts)
     _check_triton(device, 4, "log", 53, 20, 80.0, "small")
     _check_triton(device, 4, "deepseek", 29, 20, 80.0, "small")
-    if pair:
+    if opts[2] or len(opts) > 3:
         _check_triton(device, 3, "log", 31, 20, 80.0, "small")
+        _check_triton(device, 2, "log", 31, 7, 80.0, "small")
         _check_triton(device, 2, "deepseek", 31, 7, 80.0, "small")
 
 
