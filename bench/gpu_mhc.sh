@@ -28,11 +28,11 @@ OPT=$G::test_triton_small_path_generator_options
 group() {
   case $1 in
     0) pyt tests/mhc/test_layer.py ;;
-    1) pyt "$OPT[0-False]" ;;
-    2) pyt "$OPT[7-True]" ;;
-    3) pyt "$OPT[20-False]" ;;
-    4) pyt "$OPT[8-True]" ;;
-    5) pyt "$OPT[20-True]" ;;
+    1) pyt "$OPT[opts0]" "$OPT[opts1]" ;;
+    2) pyt "$OPT[opts2]" "$OPT[opts3]" ;;
+    3) pyt "$OPT[opts4]" "$OPT[opts5]" ;;
+    4) pyt "$OPT[opts6]" "$OPT[opts7]" ;;
+    5) pyt "$OPT[opts8]" ;;
     6) pyt $G -k "small_path and not generator" ;;
     7) pyt $G -k "not small_path" ;;
   esac

@@ -24,19 +24,15 @@ from flashsinkhorn.mhc import sk_torch, sk_triton
 
 N, T = 4, 20
 CANDS = [
-    ((8, True, False), (64, 2)),
     ((8, True, False, 2, False, True), (64, 2, 128)),
-    ((8, True, False, 2, False, True), (128, 4, 128)),
-    ((8, True, False, 2, False, True), (256, 8, 128)),
-    ((8, True, False, 2, False, True), (512, 16, 128)),
-    ((8, True, False, 2, True, True), (256, 8, 128)),
-    ((8, True, False, 2, True, True), (512, 16, 128)),
-    ((8, True, False), (128, 4)),
-    ((8, True, False), (256, 8)),
-    ((0, True, False, 2, True, True), (256, 8, 96)),
-    ((0, True, False, 2, True, True), (512, 16, 96)),
-    ((4, True, False, 2, False, True), (256, 8, 128)),
-    ((4, True, False, 2, False, True), (512, 16, 128)),
+    ((8, True, False), (64, 2)),
+    ((8, True, False, 2, False, True), (64, 2, 120)),
+    ((8, True, False, 2, False, True), (64, 2, 136)),
+    ((8, True, False, 2, False, True), (64, 2, 144)),
+    ((6, True, False, 2, False, True), (64, 2, 128)),
+    ((10, True, False, 2, False, True), (64, 2, 128)),
+    ((8, True, False, 3, False, True), (64, 2, 128)),
+    ((8, True, False, 2, False, True), (64, 2, 112)),
 ]
 
 

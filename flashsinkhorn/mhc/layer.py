@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from .._triton_launch import FP_FUSION
 from . import layer_kernels as K
 from .reference import HyperConnectionReference
 from .sinkhorn import sinkhorn_knopp
@@ -101,6 +102,7 @@ class _HCPre(torch.autograd.Function):
             NP=NP,
             PREC=prec,
             num_warps=4,
+            **FP_FUSION,
         )
         y_raw = torch.empty((T, NP), device=dev, dtype=torch.float32)
         r = torch.empty((T,), device=dev, dtype=torch.float32)
@@ -127,11 +129,12 @@ class _HCPre(torch.autograd.Function):
             BM=BMF,
             NP=NP,
             num_warps=4,
+            **FP_FUSION,
         )
         h_res = sk_forward_triton(res_logits, n_iters, variant, eps)
         u = torch.empty((T, C), device=dev, dtype=x.dtype)
         BC = min(1024, triton.next_power_of_2(C))
-        K._hc_premix_kernel[(T, triton.cdiv(C, BC))](x, coef, u, n, C, NS=NS, BC=BC)
+        K._hc_premix_kernel[(T, triton.cdiv(C, BC))](x, coef, u, n, C, NS=NS, BC=BC, **FP_FUSION)
         ctx.save_for_backward(x, phi, a_pre, a_post, a_res, y_raw, r, coef, res_logits, h_res)
         ctx.cfg = cfg
         ctx.fused = FUSED_DX
@@ -152,7 +155,7 @@ class _HCPre(torch.autograd.Function):
         dx_res = dx_res.contiguous()
         BC = min(1024, triton.next_power_of_2(C))
         d_pre = torch.empty((T, n), device=dev, dtype=torch.float32)
-        K._hc_premix_bwd_kernel[(T,)](du, x, d_pre, n, C, NS=NS, BC=BC)
+        K._hc_premix_bwd_kernel[(T,)](du, x, d_pre, n, C, NS=NS, BC=BC, **FP_FUSION)
         # Coefficient backward: (T, N) sized, plain torch plus the projection backward.
         h_pre, h_post = coef[:, :n], coef[:, n:]
         dz = torch.zeros((T, NP), device=dev, dtype=torch.float32)
@@ -203,6 +206,7 @@ class _HCPre(torch.autograd.Function):
                 NP=NP,
                 PREC=prec,
                 num_warps=warps,
+                **FP_FUSION,
             )
             BMP, BKP, warps, per_sm = DPHI_CFG
             k_progs = triton.cdiv(Kd, BKP)
@@ -221,6 +225,7 @@ class _HCPre(torch.autograd.Function):
                 NP=NP,
                 PREC=prec,
                 num_warps=warps,
+                **FP_FUSION,
             )
         else:
             BM, BK = 32, 64
@@ -248,6 +253,7 @@ class _HCPre(torch.autograd.Function):
                 NP=NP,
                 PREC=prec,
                 num_warps=4,
+                **FP_FUSION,
             )
         dphi = dphi_part.sum(0)[:, :N].to(phi.dtype)
         return (
@@ -270,7 +276,9 @@ class _HCPost(torch.autograd.Function):
         coef = _post_coef(h_post)
         out = torch.empty_like(x)
         BC = min(512, triton.next_power_of_2(C))
-        K._hc_residual_kernel[(T, triton.cdiv(C, BC))](x, f, coef, h_res, out, n, C, NS=NS, BC=BC)
+        K._hc_residual_kernel[(T, triton.cdiv(C, BC))](
+            x, f, coef, h_res, out, n, C, NS=NS, BC=BC, **FP_FUSION
+        )
         ctx.save_for_backward(x, f, coef, h_res)
         ctx.fused = FUSED_DX
         return out
@@ -302,6 +310,7 @@ class _HCPost(torch.autograd.Function):
             NS=NS,
             BC=BC,
             WRITE_DX=not ctx.fused,
+            **FP_FUSION,
         )
         return dx, df, dpost, dhres
 

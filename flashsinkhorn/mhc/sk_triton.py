@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .._triton_launch import FP_FUSION
+
 LOG2E = 1.4426950408889634
 
 # (matrices per program, warps[, maxnreg]) of the small path; bench/bench_mhc.py and
@@ -643,11 +645,20 @@ def sk_forward_triton(
         fwd, _ = _small_kernels(n, n_iters, variant)
         block, kw = _launch_cfg(SMALL_CONFIG["fwd"], m)
         fast = m.is_cuda and not _interpreting()
-        fwd[(triton.cdiv(bsz, block),)](m, out, bsz, eps, BLOCK=block, FAST=fast, **kw)
+        fwd[(triton.cdiv(bsz, block),)](m, out, bsz, eps, BLOCK=block, FAST=fast, **kw, **FP_FUSION)
         return out
     first, n_half, np_, warps = _gen_meta(n, n_iters, variant)
     _sk_gen_fwd_kernel[(bsz,)](
-        m, out, n, n_half, eps, FIRST=first, NP=np_, LOG=variant == "log", num_warps=warps
+        m,
+        out,
+        n,
+        n_half,
+        eps,
+        FIRST=first,
+        NP=np_,
+        LOG=variant == "log",
+        num_warps=warps,
+        **FP_FUSION,
     )
     return out
 
@@ -670,7 +681,9 @@ def sk_backward_triton(
         _, bwd = _small_kernels(n, n_iters, variant)
         block, kw = _launch_cfg(SMALL_CONFIG["bwd" if variant == "log" else "bwd_deepseek"], m)
         fast = m.is_cuda and not _interpreting()
-        bwd[(triton.cdiv(bsz, block),)](m, grad, out, bsz, eps, BLOCK=block, FAST=fast, **kw)
+        bwd[(triton.cdiv(bsz, block),)](
+            m, grad, out, bsz, eps, BLOCK=block, FAST=fast, **kw, **FP_FUSION
+        )
         return out
     first, n_half, np_, warps = _gen_meta(n, n_iters, variant)
     hs = min(GEN_HS_MAX, max(2, triton.next_power_of_2(n_half)))
@@ -686,5 +699,6 @@ def sk_backward_triton(
         HS=hs,
         LOG=variant == "log",
         num_warps=warps,
+        **FP_FUSION,
     )
     return out

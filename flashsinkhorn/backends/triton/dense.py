@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..._triton_launch import FP_FUSION
 from ...problem import Problem, Side
 from ..torch_ref import matmul_precision
 from . import TritonBackend
@@ -146,6 +147,7 @@ class DenseTritonBackend(TritonBackend):
             WRITE_RAW=want_raw,
             num_warps=warps,
             num_stages=3,
+            **FP_FUSION,
         )
         if split > 1:
             combine_one_side(pmax, psum, rows.sq, old, out, raw, split, eps, alpha, beta, want_raw)

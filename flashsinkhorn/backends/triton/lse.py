@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..._triton_launch import FP_FUSION
 from ...problem import Side
 from .configs import interpreter_operand, lse_config
 
@@ -720,7 +721,7 @@ def combine_one_side(
     _lse_combine_kernel[(nb, B)](
         *args, *args, n, n, nb, split, sq.stride(0), sq.stride(0), B * n, B * n,
         float(eps), float(alpha), float(beta), float(beta),
-        BLOCK=_COMBINE_BLOCK, WRITE_RAW=want_raw, EUCLID=euclid,
+        BLOCK=_COMBINE_BLOCK, WRITE_RAW=want_raw, EUCLID=euclid, **FP_FUSION,
     )  # fmt: skip
 
 
@@ -883,6 +884,7 @@ def softmin(
         LABELS=labels,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **FP_FUSION,
     )
     if split > 1:
         combine_one_side(
@@ -965,6 +967,7 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
         LABELS=labels,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **FP_FUSION,
     )
     if split > 1:
         nbx = triton.cdiv(n, _COMBINE_BLOCK)
@@ -997,6 +1000,7 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
             BLOCK=_COMBINE_BLOCK,
             WRITE_RAW=want_raw,
             EUCLID=euclid,
+            **FP_FUSION,
         )
     if want_raw:
         return f_new, g_new, f_raw, g_raw

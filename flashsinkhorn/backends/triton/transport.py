@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..._triton_launch import FP_FUSION
 from ...problem import Side
 from .configs import interpreting
 from .lse import (
@@ -452,7 +453,7 @@ def _launch(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, precision, 
         HAS_V=has_v, HADAMARD=r > 0, GRAD=grad, VEC=vec, PRECISION=precision,
         HAD_PRECISION=precision if cfg.block_r >= _TC_MIN_RANK_BLOCK else "ieee",
         SCORE_PRECISION=score_prec, EUCLID=euclid, LABELS=labels,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **FP_FUSION,
     )
     if split > 1:
         _apply_combine_kernel[(triton.cdiv(n, _COMBINE_ROWS), B)](
@@ -462,7 +463,7 @@ def _launch(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, precision, 
             float(eps), rscale,
             BLOCK_M=_COMBINE_ROWS, BLOCK_P=cfg.block_p,
             HAS_V=has_v, GRAD=grad, EUCLID=euclid,
-            num_warps=4,
+            num_warps=4, **FP_FUSION,
         )
     return (out if has_v else None), marg
 
