@@ -74,6 +74,8 @@ DEEPSEEK_BWD = ((8, True, False, 2, False, True), (64, 2))
 def _cand_name(variant, opts, cfg):
     keep_a, _, pair, *more = opts
     ckpt, ahead, rowsum = (more + [1, False, False][len(more) :])[:3]
+    if variant != "log":  # the checkpointing options apply to the log variant only
+        ckpt, ahead, rowsum = 1, False, False
     extra = f"|keep{keep_a}" + ("|pair" if pair else "")
     extra += (f"|ckpt{ckpt}" if ckpt > 1 else "") + ("|ahead" if ahead else "")
     extra += "|rowsum" if rowsum else ""
