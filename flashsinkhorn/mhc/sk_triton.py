@@ -4,8 +4,9 @@ Two paths compute the same scaling-vector recursion as :mod:`.sk_torch` (see its
 
 * small path, n ≤ 4: one matrix per lane, each entry a separate [BLOCK] register tensor, BLOCK
   matrices per program. The kernel source is generated for the given (n, n_iters, variant) so
-  that the backward can keep the scaling vector of every half-step in named registers (Triton
-  has no register arrays) and replay the iterations in reverse without any HBM scratch.
+  that the backward can keep scaling vectors in named registers (Triton has no register
+  arrays; some are checkpointed and recomputed, see _gen_small) and replay the iterations in
+  reverse without any HBM scratch.
   Reciprocals are computed once per row/column and multiplied (``rcp.approx`` on the GPU).
 * general path, n ≤ 32: one matrix per program as an [NP, NP] tile; the backward stores the
   states of up to HS half-steps in an on-chip [HS, NP] tile and, when there are more half-steps,
@@ -266,8 +267,8 @@ def _gen_small(
     backward. prefetch: load the upstream gradient at the start
     (its latency hides behind the forward recompute) instead of after the forward.
     ckpt (log variant): keep only every ckpt-th column scaling B_k live since the forward and
-    recompute the others in the reverse pass (4·(T − T/ckpt) registers fewer for one extra
-    half-step per recomputed B_k). ahead: emit the next reverse round's recomputation before
+    recompute the others in the reverse pass (n·(T − T/ckpt) registers fewer for one extra
+    column half-step per recomputed B_k). ahead: emit the next reverse round's recomputation before
     the current round's math. rowsum (log variant): accumulate n·(n−1) entries of the
     gradient instead of n² and recover the last column from the zero row sums of dM.
     """
@@ -341,7 +342,7 @@ def _gen_small(
     last = 1 if log else 2
     # Reverse pass. Round k needs A_k, B_k and B_{k-1}. With ckpt > 1 (log variant) only every
     # ckpt-th B_k stays live since the forward (and B_0, B_T); the others are recomputed from
-    # the kept one below them, each by one row and one column half-step.
+    # A_k (itself recomputed from the B below, or kept) by one column half-step.
     ckpt = ckpt if log else 1
     keep_b = {k for k in range(T + 1) if k % ckpt == 0 or k == T}
     have_a = {k for k in range(1, T + 1) if not log or k >= T - keep_a}
@@ -366,7 +367,7 @@ def _gen_small(
         have_b.add(k)
 
     # rowsum: the log variant's dM has zero row sums (adding a constant to a row of M leaves
-    # P unchanged), so the last column of the accumulator is not kept: z_{i,n-1} = −Σ_j z_ij.
+    # P unchanged), so the last column of the accumulator is not kept: z_{i,n-1} = −Σ_{j<n-1} z_ij.
     cols = range(n - 1) if (log and rowsum and n > 1) else R
     for k in range(T, 0, -1):
         ensure_a(k)
