@@ -64,9 +64,8 @@ def _dphi_t_kernel(
     tl.store(p_o, b_acc, mask=m_k[None, :])
 
 
-@triton.jit
-def _widen(b, BM: tl.constexpr, NS: tl.constexpr, BC: tl.constexpr):
-    return tl.reshape(tl.broadcast_to(b[:, :, None], (BM, NS, BC)), (BM, NS * BC))
+# the layer's own helper ([BM, NS] → [BM, NS·BC]), shared by the candidate kernels below
+_widen = K._widen
 
 
 @triton.jit
