@@ -37,7 +37,7 @@ LOG2E = 1.4426950408889634
 # The log backward with 128 registers runs 16 warps per SM (12 at its natural 168); the
 # deepseek backward keeps every scaling vector (no checkpointing) and is not capped.
 SMALL_CONFIG = {"fwd": (256, 8), "bwd": (64, 2, 128), "bwd_deepseek": (64, 2)}
-# Generator options (keep_a, prefetch, pair[, ckpt, ahead, rowsum, segs, persist]), see _gen_small.
+# Generator options (keep_a, prefetch, pair[, ckpt, ahead, rowsum]), see _gen_small.
 SMALL_BWD_OPTS = (8, True, False, 2, False, True)
 # Half-step states kept on chip by the general backward before it recomputes segments.
 GEN_HS_MAX = 64
@@ -80,11 +80,9 @@ def _rcp_nc(x, FAST: tl.constexpr):
 class _Src:
     def __init__(self):
         self.lines: list[str] = []
-        # extra indentation of everything emitted (the bodies of generated loops)
-        self.shift = 0
 
     def __call__(self, line: str = "", indent: int = 1):
-        self.lines.append("    " * (indent + self.shift) + line)
+        self.lines.append("    " * indent + line)
 
 
 def _emit_load(s: _Src, n: int, ptr: str, prefix: str):
@@ -260,8 +258,6 @@ def _gen_small(
     ckpt: int = 1,
     ahead: bool = False,
     rowsum: bool = False,
-    segs: int = 1,
-    persist: int = 0,
 ) -> str:
     """Kernel source for (n, n_iters, variant).
 
@@ -275,11 +271,6 @@ def _gen_small(
     column half-step per recomputed B_k). ahead: emit the next reverse round's recomputation before
     the current round's math. rowsum (log variant): accumulate n·(n−1) entries of the
     gradient instead of n² and recover the last column from the zero row sums of dM.
-    segs (log variant, segs dividing n_iters): the backward unrolls one segment of
-    n_iters/segs rounds inside a loop over the segments (a shorter kernel for some extra
-    forward rounds); keep_a and ckpt then count within a segment. persist: the backward is a
-    persistent kernel looping over tiles (launched by _small_bwd_grid); 2 adds a barrier at the
-    start of every tile.
     """
     log = variant == "log"
     R = range(n)
@@ -316,67 +307,24 @@ def _gen_small(
         0,
     )
     s("i_p = tl.program_id(0)")
-    if persist:
-        # a grid of a few programs per SM walks the tiles (see _small_bwd_grid)
-        s("for i_t in range(i_p, tl.cdiv(n_mat, BLOCK), tl.num_programs(0)):")
-        s.shift += 1
-        if persist > 1:
-            # the program's warps enter every tile together and so run the same stretch of
-            # the (long, straight-line) kernel at the same time: one instruction fetch serves
-            # them all
-            s("tl.debug_barrier()")
-        # (i_t is a Python int under the interpreter; the tile index times BLOCK < n_mat + BLOCK
-        # fits in int32, the offsets below are int64)
-        s("o_b = tl.arange(0, BLOCK).to(tl.int64) + i_t * BLOCK")
-    else:
-        s("o_b = i_p.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)")
+    s("o_b = i_p.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)")
     s("m_b = o_b < n_mat")
     _emit_load(s, n, "p_x", "m")
-    segs = segs if (log and segs > 1 and n_iters % segs == 0) else 1
-    if prefetch or segs > 1:
+    if prefetch:
         _emit_load(s, n, "p_g", "d")
     _emit_setup(s, n, log)
     # rowsum: the log variant's dM has zero row sums (adding a constant to a row of M leaves
     # P unchanged), so the last column of the accumulator is not kept: z_{i,n-1} = −Σ_{j<n-1} z_ij.
     cols = range(n - 1) if (log and rowsum and n > 1) else R
     rev = dict(keep_a=keep_a, ckpt=ckpt if log else 1, ahead=ahead, pair=pair, cols=cols)
-    if segs == 1:
-        for i in R:
-            s(f"B0_{i} = b{i}")
-            s(f"A0_{i} = a{i}")
-        _emit_fwd_rounds(s, n, log, n_iters, pair)
-        if not prefetch:
-            _emit_load(s, n, "p_g", "d")
-        _emit_bwd_init(s, n, n_iters, cols)
-        _emit_reverse(s, n, log, n_iters, **rev)
-    else:
-        # Segments of L rounds, last segment first: a rolled loop runs the forward up to the
-        # segment's start without keeping anything, the segment's L rounds are run again
-        # keeping their scalings, then reversed. Only one segment's rounds are unrolled (the
-        # kernel is ~1/segs as long), for L·segs·(segs − 1)/2 extra forward rounds.
-        L = n_iters // segs
-        for i, j in itertools.product(R, cols):
-            s(f"y{i}{j} = tl.zeros((BLOCK,), tl.float32)")
-        for i in R:
-            s(f"da{i} = tl.zeros((BLOCK,), tl.float32)")
-            s(f"db{i} = tl.zeros((BLOCK,), tl.float32)")
-        s(f"for i_s in range({segs}):")
-        s.shift += 1
-        for j in R:
-            s(f"c{j} = b{j}")
-        s(f"for _ in range(({segs - 1} - i_s) * {L}):")
-        _emit_row(s, n, log, "", "c", "u", 2, pair=pair)
-        _emit_col(s, n, log, "u", "", "c", 2, pair=pair)
-        for i in R:
-            s(f"B0_{i} = c{i}")
-            s(f"A0_{i} = a{i}")
-        _emit_fwd_rounds(s, n, log, L, pair)
-        s("if i_s == 0:")
-        s.shift += 1
-        _emit_bwd_init(s, n, L, cols)
-        s.shift -= 1
-        _emit_reverse(s, n, log, L, **rev)
-        s.shift -= 1
+    for i in R:
+        s(f"B0_{i} = b{i}")
+        s(f"A0_{i} = a{i}")
+    _emit_fwd_rounds(s, n, log, n_iters, pair)
+    if not prefetch:
+        _emit_load(s, n, "p_g", "d")
+    _emit_bwd_init(s, n, n_iters, cols)
+    _emit_reverse(s, n, log, n_iters, **rev)
     if log:
         # A = exp(M − f − g) with the shifts held constant (P does not depend on them).
         for i, j in itertools.product(R, cols):
@@ -499,8 +447,8 @@ _SMALL_CACHE_LOCK = threading.Lock()
 
 
 def _small_kernels(n: int, n_iters: int, variant: str, opts: tuple | None = None):
-    """(forward, backward) kernels; opts = (keep_a, prefetch, pair[, ckpt, ahead, rowsum, segs,
-    persist]) as in _gen_small, default SMALL_BWD_OPTS."""
+    """(forward, backward) kernels; opts = (keep_a, prefetch, pair[, ckpt, ahead, rowsum]) as in
+    _gen_small, default SMALL_BWD_OPTS."""
     opts = SMALL_BWD_OPTS if opts is None else tuple(opts)
     key = (n, n_iters, variant, opts)
     hit = _SMALL_CACHE.get(key)
@@ -702,25 +650,6 @@ def _launch_cfg(cfg: tuple, m: torch.Tensor):
     return cfg[0], kw
 
 
-def _small_bwd_grid(bsz: int, block: int, cfg: tuple, opts: tuple, m: torch.Tensor) -> tuple:
-    """Grid of the small backward: one program per tile, or with persist (opts[7]) at most
-    cfg[3] programs per SM (default: as many as fit with cfg[2] registers, else 8)."""
-    tiles = triton.cdiv(bsz, block)
-    if len(opts) < 8 or not opts[7]:
-        return (tiles,)
-    if not m.is_cuda:
-        # the interpreter: two programs, so that each walks several tiles
-        return (min(tiles, 2),)
-    if len(cfg) > 3:
-        per_sm = cfg[3]
-    elif len(cfg) > 2 and cfg[2]:
-        per_sm = max(1, 65536 // (cfg[2] * 32 * cfg[1]))
-    else:
-        per_sm = 8
-    sms = torch.cuda.get_device_properties(m.device).multi_processor_count
-    return (min(tiles, sms * per_sm),)
-
-
 def sk_forward_triton(
     m: torch.Tensor, n_iters: int, variant: str, eps: float, path: str = "auto"
 ) -> torch.Tensor:
@@ -771,7 +700,7 @@ def sk_backward_triton(
         cfg = SMALL_CONFIG["bwd" if variant == "log" else "bwd_deepseek"]
         block, kw = _launch_cfg(cfg, m)
         fast = m.is_cuda and not _interpreting()
-        bwd[_small_bwd_grid(bsz, block, cfg, SMALL_BWD_OPTS, m)](
+        bwd[(triton.cdiv(bsz, block),)](
             m, grad, out, bsz, eps, BLOCK=block, FAST=fast, **kw, **FP_FUSION
         )
         return out
