@@ -9,7 +9,7 @@ from .backends import resolve_backend, select_path
 from .costs import CostSpec, check_cost, transform_points
 from .problem import prepare
 from .result import SinkhornResult
-from .solvers import dual_value, eps_schedule, estimate_diameter, solve
+from .solvers import SolveState, dual_value, eps_schedule, estimate_diameter, graphs, solve
 
 
 def resolve_precision(precision: str, backend_name: str, dtype: torch.dtype) -> str:
@@ -173,16 +173,23 @@ def solve_points(
         offset = 0.0
         if problem.has_labels and scaling is not None:
             offset = float(problem.X.lcost.max())
-        state = solve(
-            problem,
-            impl,
-            eps_list=eps_schedule(eps, scaling, diameter, power, offset),
-            n_iters=n_iters,
-            tol=tol,
-            check_every=check_every,
-            schedule=schedule,
-        )
-        value = dual_value(problem, state.f, state.g, state.eps)
+        eps_list = eps_schedule(eps, scaling, diameter, power, offset)
+
+        def run():
+            st = solve(problem, impl, eps_list=eps_list, n_iters=n_iters, tol=tol,
+                       check_every=check_every, schedule=schedule)  # fmt: skip
+            return st, dual_value(problem, st.f, st.g, st.eps)
+
+        # A fixed number of iterations never synchronises: on CUDA the solve and its value may
+        # be replayed from a cached graph (solvers/graphs.py).
+        key = None
+        if tol is None:
+            key = graphs.solve_key(problem, impl, eps_list, n_iters, schedule)
+        if key is None:
+            state, value = run()
+        else:
+            f, g, value = graphs.run(key, lambda: _tensors(*run()), problem.device)
+            state = SolveState(f, g, eps_list[-1], len(eps_list) - 1 + n_iters, False, None)
     return SinkhornResult(
         problem=problem,
         backend=impl,
@@ -196,3 +203,8 @@ def solve_points(
         errors=state.errors,
         schedule=schedule,
     )
+
+
+def _tensors(state: SolveState, value: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    # what a graphed fixed-iteration solve hands back (the rest of the state is known)
+    return state.f, state.g, value

@@ -27,6 +27,9 @@ class Backend(ABC):
     name: str = "abstract"
     #: How the soft-mins read the cost: "streaming" (recomputed tiles), "dense" (stored).
     path: str = "streaming"
+    #: The backend holds no state of its own (only the problem's tensors feed its launches), so
+    #: a fixed-iteration solve may be captured and replayed as a CUDA graph (solvers/graphs.py).
+    graph_safe: bool = False
 
     @abstractmethod
     def softmin(

@@ -18,9 +18,8 @@ so the X alias must have no other consumer (it is internal to ``HyperConnection.
 from __future__ import annotations
 
 import torch
-import triton
 
-from .._triton_launch import FP_FUSION
+from .._triton_launch import FP_FUSION, cdiv, cuda_sm_count, next_pow2
 from . import layer_kernels as K
 from .reference import HyperConnectionReference
 from .sinkhorn import sinkhorn_knopp
@@ -28,7 +27,6 @@ from .sk_triton import sk_backward_triton, sk_forward_triton
 
 __all__ = ["HyperConnection"]
 
-_SMS: dict = {}
 # Backward schedule. True: the residual update's backward hands dX_next itself on as the
 # gradient of the X alias, and _hc_dx_kernel applies H_resᵀ while it writes dX (dX_res never
 # goes through HBM); dφ = xᵀ·dh is a separate pass over X (_hc_dphi_kernel). False: the
@@ -50,16 +48,13 @@ GEMM_PHI_T = True
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 4
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SMS:
-        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SMS[idx]
+    return cuda_sm_count(device)
 
 
 def _meta(n: int, C: int):
-    NS = max(2, triton.next_power_of_2(n))
+    NS = max(2, next_pow2(n))
     N = n * n + 2 * n
-    NP = max(16, triton.next_power_of_2(N))
+    NP = max(16, next_pow2(N))
     return NS, N, NP
 
 
@@ -72,12 +67,12 @@ class _HCPre(torch.autograd.Function):
         NS, N, NP = _meta(n, C)
         dev = x.device
         BM, BK = 64, 64
-        n_mb = triton.cdiv(T, BM)
-        k_tiles = triton.cdiv(Kd, BK)
+        n_mb = cdiv(T, BM)
+        k_tiles = cdiv(Kd, BK)
         # Split K only as much as needed to fill the GPU (about two programs per SM).
-        n_split = max(1, min(k_tiles // 4, triton.cdiv(2 * _num_sms(dev), n_mb)))
-        k_split = triton.cdiv(k_tiles, n_split) * BK
-        n_split = triton.cdiv(Kd, k_split)
+        n_split = max(1, min(k_tiles // 4, cdiv(2 * _num_sms(dev), n_mb)))
+        k_split = cdiv(k_tiles, n_split) * BK
+        n_split = cdiv(Kd, k_split)
         y_part = torch.empty((n_split, T, NP), device=dev, dtype=torch.float32)
         ss_part = torch.empty((n_split, T), device=dev, dtype=torch.float32)
         if GEMM_PHI_T and prec != "ieee":
@@ -109,7 +104,7 @@ class _HCPre(torch.autograd.Function):
         coef = torch.empty((T, 2 * n), device=dev, dtype=torch.float32)
         res_logits = torch.empty((T, n, n), device=dev, dtype=torch.float32)
         BMF = 32
-        K._hc_finalize_kernel[(triton.cdiv(T, BMF),)](
+        K._hc_finalize_kernel[(cdiv(T, BMF),)](
             y_part,
             ss_part,
             a_pre,
@@ -133,8 +128,8 @@ class _HCPre(torch.autograd.Function):
         )
         h_res = sk_forward_triton(res_logits, n_iters, variant, eps)
         u = torch.empty((T, C), device=dev, dtype=x.dtype)
-        BC = min(1024, triton.next_power_of_2(C))
-        K._hc_premix_kernel[(T, triton.cdiv(C, BC))](x, coef, u, n, C, NS=NS, BC=BC, **FP_FUSION)
+        BC = min(1024, next_pow2(C))
+        K._hc_premix_kernel[(T, cdiv(C, BC))](x, coef, u, n, C, NS=NS, BC=BC, **FP_FUSION)
         ctx.save_for_backward(x, phi, a_pre, a_post, a_res, y_raw, r, coef, res_logits, h_res)
         ctx.cfg = cfg
         ctx.fused = FUSED_DX
@@ -153,7 +148,7 @@ class _HCPre(torch.autograd.Function):
         if dx_res is None:
             dx_res = torch.zeros_like(x)
         dx_res = dx_res.contiguous()
-        BC = min(1024, triton.next_power_of_2(C))
+        BC = min(1024, next_pow2(C))
         d_pre = torch.empty((T, n), device=dev, dtype=torch.float32)
         K._hc_premix_bwd_kernel[(T,)](du, x, d_pre, n, C, NS=NS, BC=BC, **FP_FUSION)
         # Coefficient backward: (T, N) sized, plain torch plus the projection backward.
@@ -185,7 +180,7 @@ class _HCPre(torch.autograd.Function):
             # dx_res is dX_next here (see _HCPost.backward).
             ieee = prec == "ieee"
             BM, BCX, warps = DX_CFG_IEEE if ieee else DX_CFG
-            K._hc_dx_kernel[(triton.cdiv(C, BCX), triton.cdiv(T, BM))](
+            K._hc_dx_kernel[(cdiv(C, BCX), cdiv(T, BM))](
                 x,
                 dx_res,
                 du,
@@ -209,9 +204,9 @@ class _HCPre(torch.autograd.Function):
                 **FP_FUSION,
             )
             BMP, BKP, warps, per_sm = DPHI_CFG
-            k_progs = triton.cdiv(Kd, BKP)
-            n_fill = triton.cdiv(per_sm * _num_sms(dev), k_progs)
-            n_tsplit = max(1, min(triton.cdiv(T, BMP), n_fill))
+            k_progs = cdiv(Kd, BKP)
+            n_fill = cdiv(per_sm * _num_sms(dev), k_progs)
+            n_tsplit = max(1, min(cdiv(T, BMP), n_fill))
             dphi_part = torch.empty((n_tsplit, Kd, NP), device=dev, dtype=torch.float32)
             K._hc_dphi_kernel[(k_progs, n_tsplit)](
                 x,
@@ -229,10 +224,10 @@ class _HCPre(torch.autograd.Function):
             )
         else:
             BM, BK = 32, 64
-            k_progs = triton.cdiv(Kd, BK)
-            n_tsplit = max(1, min(triton.cdiv(T, BM), triton.cdiv(2 * _num_sms(dev), k_progs)))
+            k_progs = cdiv(Kd, BK)
+            n_tsplit = max(1, min(cdiv(T, BM), cdiv(2 * _num_sms(dev), k_progs)))
             dphi_part = torch.empty((n_tsplit, Kd, NP), device=dev, dtype=torch.float32)
-            K._hc_input_bwd_kernel[(triton.cdiv(Kd, BK), n_tsplit)](
+            K._hc_input_bwd_kernel[(cdiv(Kd, BK), n_tsplit)](
                 x,
                 dx_res,
                 du,
@@ -275,8 +270,8 @@ class _HCPost(torch.autograd.Function):
         f = f.contiguous()
         coef = _post_coef(h_post)
         out = torch.empty_like(x)
-        BC = min(512, triton.next_power_of_2(C))
-        K._hc_residual_kernel[(T, triton.cdiv(C, BC))](
+        BC = min(512, next_pow2(C))
+        K._hc_residual_kernel[(T, cdiv(C, BC))](
             x, f, coef, h_res, out, n, C, NS=NS, BC=BC, **FP_FUSION
         )
         ctx.save_for_backward(x, f, coef, h_res)
@@ -294,7 +289,7 @@ class _HCPost(torch.autograd.Function):
         df = torch.empty_like(f)
         dpost = torch.empty((T, n), device=x.device, dtype=torch.float32)
         dhres = torch.empty((T, n, n), device=x.device, dtype=torch.float32)
-        BC = min(512, triton.next_power_of_2(C))
+        BC = min(512, next_pow2(C))
         K._hc_residual_bwd_kernel[(T,)](
             dout,
             x,

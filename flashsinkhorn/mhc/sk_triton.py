@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_launch import FP_FUSION
+from .._triton_launch import FP_FUSION, cdiv, next_pow2
 
 LOG2E = 1.4426950408889634
 
@@ -637,7 +637,7 @@ def _sk_gen_bwd_kernel(
 
 def _gen_meta(n: int, n_iters: int, variant: str):
     first = 0 if variant == "log" else 1
-    np_ = max(2, triton.next_power_of_2(n))
+    np_ = max(2, next_pow2(n))
     warps = 1 if np_ <= 8 else (2 if np_ <= 16 else 4)
     return first, 2 * n_iters - first, np_, warps
 
@@ -663,7 +663,7 @@ def sk_forward_triton(
         fwd, _ = _small_kernels(n, n_iters, variant)
         block, kw = _launch_cfg(SMALL_CONFIG["fwd"], m)
         fast = m.is_cuda and not _interpreting()
-        fwd[(triton.cdiv(bsz, block),)](m, out, bsz, eps, BLOCK=block, FAST=fast, **kw, **FP_FUSION)
+        fwd[(cdiv(bsz, block),)](m, out, bsz, eps, BLOCK=block, FAST=fast, **kw, **FP_FUSION)
         return out
     first, n_half, np_, warps = _gen_meta(n, n_iters, variant)
     _sk_gen_fwd_kernel[(bsz,)](
@@ -700,12 +700,10 @@ def sk_backward_triton(
         cfg = SMALL_CONFIG["bwd" if variant == "log" else "bwd_deepseek"]
         block, kw = _launch_cfg(cfg, m)
         fast = m.is_cuda and not _interpreting()
-        bwd[(triton.cdiv(bsz, block),)](
-            m, grad, out, bsz, eps, BLOCK=block, FAST=fast, **kw, **FP_FUSION
-        )
+        bwd[(cdiv(bsz, block),)](m, grad, out, bsz, eps, BLOCK=block, FAST=fast, **kw, **FP_FUSION)
         return out
     first, n_half, np_, warps = _gen_meta(n, n_iters, variant)
-    hs = min(GEN_HS_MAX, max(2, triton.next_power_of_2(n_half)))
+    hs = min(GEN_HS_MAX, max(2, next_pow2(n_half)))
     _sk_gen_bwd_kernel[(bsz,)](
         m,
         grad,

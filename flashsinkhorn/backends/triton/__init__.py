@@ -10,6 +10,7 @@ class TritonBackend(Backend):
     """Streaming online-LSE kernels; potentials and reductions in fp32."""
 
     name = "triton"
+    graph_safe = True
 
     def softmin(self, rows, cols, col_pot, eps, old, alpha, beta, want_raw, precision):
         return lse.softmin(rows, cols, col_pot, eps, old, alpha, beta, want_raw, precision)

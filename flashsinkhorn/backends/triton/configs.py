@@ -7,11 +7,13 @@ compilation (no search). The rules were set from H100 measurements (docs/perform
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
 import torch
-import triton
+
+from ..._triton_launch import cdiv, next_pow2
 
 
 @dataclass(frozen=True)
@@ -48,30 +50,36 @@ def lse_config(d: int, half_operands: bool = False) -> LSEConfig:
     of precision "tf32", or half-precision points). The choice depends on d and the operand
     kind only, so a new n or m never compiles a new kernel.
     """
-    if interpreting():
+    return _lse_config(d, bool(half_operands), interpreting())
+
+
+@functools.lru_cache(maxsize=256)
+def _lse_config(d: int, half_operands: bool, interp: bool) -> LSEConfig:
+    # cached: every launch asks, with a handful of distinct (d, operand kind) per process
+    if interp:
         # Small tiles so that small odd-sized tests still cross several tiles and d-chunks.
-        block_d = min(max(16, triton.next_power_of_2(d)), 64)
-        return LSEConfig(32, 32, block_d, triton.cdiv(d, block_d), 4, 1)
+        block_d = min(max(16, next_pow2(d)), 64)
+        return LSEConfig(32, 32, block_d, cdiv(d, block_d), 4, 1)
     if d <= 32 and half_operands:
         # 64 x 128 tiles, 4 warps: at the batched training shape (64 problems of 1024², d = 3
         # and d = 16) 0.80 ms for 10 symmetric steps against 1.40 ms for 128 x 64 / 8 warps,
         # best of twelve shapes (bench/results/dev/sym_sweep_small_d_h200.json, entry 13).
-        return LSEConfig(64, 128, max(16, triton.next_power_of_2(d)), 1, 4, 3)
+        return LSEConfig(64, 128, max(16, next_pow2(d)), 1, 4, 3)
     if 32 < d <= 128 and half_operands:
         # 256 x 64 tiles, 8 warps (32 rows per warp), the 16-bit row tile (<= 64 KB) on chip:
         # fastest of ten shapes on the H200 at 50k/64 (40.1 ms against 56.4 ms for 128 x 64),
         # 40k/128 (43.4 against 52.1) and within 5% of the best at 10k/64
         # (bench/results/dev/sym_sweep_h200.json, docs/performance.md entry 12). Not used at
         # small d, where it was not measured and the batched d = 3 case got slower.
-        return LSEConfig(256, 64, triton.next_power_of_2(d), 1, 8, 3)
+        return LSEConfig(256, 64, next_pow2(d), 1, 8, 3)
     if d <= 128:
         # The whole row tile stays on chip for the full column sweep. With float16 operands
         # 128 x 64 tiles, 8 warps, 3 stages were the fastest of five shapes on the H100 at
         # 40k, d = 128 and within noise of the best at 10k, d = 64
         # (bench/results/dev/2026-11-22_config_experiment_h100.json).
-        block_d = max(16, triton.next_power_of_2(d))
+        block_d = max(16, next_pow2(d))
         return LSEConfig(128, 64, block_d, 1, 8, 3)
     # Large d: chunks of 64 features; wider column tiles amortise the row-tile reloads
     # (H100, 10k x 10k, d = 512: 39 ms against 52 ms with 64-wide tiles).
     block_d = 64
-    return LSEConfig(128, 128, block_d, triton.cdiv(d, block_d), 8, 3)
+    return LSEConfig(128, 128, block_d, cdiv(d, block_d), 8, 3)

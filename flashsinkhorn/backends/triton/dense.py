@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._triton_launch import FP_FUSION
+from ..._triton_launch import FP_FUSION, cdiv
 from ...problem import Problem, Side
 from ..torch_ref import matmul_precision
 from . import TritonBackend
@@ -98,6 +98,8 @@ class DenseTritonBackend(TritonBackend):
 
     name = "triton"
     path = "dense"
+    # the Gram matrix is the backend's own tensor, not part of the cache key
+    graph_safe = False
 
     def __init__(self, problem: Problem):
         X, Y = problem.X, problem.Y
@@ -115,7 +117,7 @@ class DenseTritonBackend(TritonBackend):
         block_m, block_n, warps = (64, 256, 8) if transposed else (16, 256, 4)
         out = torch.empty_like(rows.sq)
         raw = torch.empty_like(rows.sq) if want_raw else out
-        n_blocks = triton.cdiv(n, block_m)
+        n_blocks = cdiv(n, block_m)
         split, cps = plan_split(n_blocks * B, m, block_n, rows.sq.device)
         pmax, psum = _partials(split, rows.sq)
         _dense_softmin_kernel[(n_blocks, B, split)](

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._triton_launch import FP_FUSION
+from ..._triton_launch import FP_FUSION, cdiv, cuda_sm_count, next_pow2
 from ...problem import Side
 from .configs import interpreter_operand, lse_config
 
@@ -681,7 +681,7 @@ FORCE_SPLIT: int | None = None
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 2  # interpreter: split already at small sizes so that the path is exercised
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return cuda_sm_count(device)
 
 
 def split_count(n_programs: int, n_cols: int, block_n: int, device: torch.device) -> int:
@@ -690,24 +690,24 @@ def split_count(n_programs: int, n_cols: int, block_n: int, device: torch.device
     Each chunk keeps at least four column tiles, so the merge stays cheap relative to the sweep.
     """
     if FORCE_SPLIT is not None:
-        return max(1, min(FORCE_SPLIT, triton.cdiv(n_cols, block_n)))
+        return max(1, min(FORCE_SPLIT, cdiv(n_cols, block_n)))
     target = 4 * _sm_count(device)
     if n_programs >= target:
         return 1
     min_tiles = 1 if device.type != "cuda" else 4
-    max_split = max(1, triton.cdiv(n_cols, block_n * min_tiles))
-    return max(1, min(triton.cdiv(target, n_programs), max_split))
+    max_split = max(1, cdiv(n_cols, block_n * min_tiles))
+    return max(1, min(cdiv(target, n_programs), max_split))
 
 
 def _chunk(n_cols: int, split: int, block_n: int) -> int:
     """Columns per chunk, a multiple of the tile width."""
-    return triton.cdiv(triton.cdiv(n_cols, split), block_n) * block_n
+    return cdiv(cdiv(n_cols, split), block_n) * block_n
 
 
 def plan_split(n_programs: int, n_cols: int, block_n: int, device) -> tuple[int, int]:
     """(number of column chunks, columns per chunk) for a single-side sweep."""
     cps = _chunk(n_cols, split_count(n_programs, n_cols, block_n, device), block_n)
-    return triton.cdiv(n_cols, cps), cps
+    return cdiv(n_cols, cps), cps
 
 
 def combine_one_side(
@@ -715,7 +715,7 @@ def combine_one_side(
 ):  # fmt: skip
     """Merges the partial (max, sum) of a split single-side sweep and applies the epilogue."""
     B, n = sq.shape
-    nb = triton.cdiv(n, _COMBINE_BLOCK)
+    nb = cdiv(n, _COMBINE_BLOCK)
     # The y-side slots repeat the x side; n_blocks_x = nb routes every program to it.
     args = (pmax, psum, sq, old, out, raw)
     _lse_combine_kernel[(nb, B)](
@@ -809,7 +809,7 @@ def cost_args(rows: Side, cols: Side):
     V = rows.lcost.shape[0]
     if V <= ONCHIP_MAX_V and FORCE_GLOBAL_LABELS is False:
         parts, scale = _staged_table(rows.lcost)
-        return euclid, max(16, triton.next_power_of_2(V)), rows.labels, cols.labels, parts, V, scale
+        return euclid, max(16, next_pow2(V)), rows.labels, cols.labels, parts, V, scale
     lcost = rows.lcost.to(torch.float32).contiguous()
     return euclid, 1, rows.labels, cols.labels, lcost, V, 1.0
 
@@ -836,7 +836,7 @@ def softmin(
     cfg = lse_config(d, _half(xr, precision))
     out = torch.empty_like(rows.sq)
     raw = torch.empty_like(rows.sq) if want_raw else out
-    n_blocks = triton.cdiv(n, cfg.block_m)
+    n_blocks = cdiv(n, cfg.block_m)
     split, cps = plan_split(n_blocks * B, m, cfg.block_n, rows.x.device)
     pmax, psum = _partials(split, rows.sq)
     euclid, labels, rlab, clab, lcost, n_lab, lscale = cost_args(rows, cols)
@@ -904,11 +904,11 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
     g_new = torch.empty_like(g)
     f_raw = torch.empty_like(f) if want_raw else f_new
     g_raw = torch.empty_like(g) if want_raw else g_new
-    n_blocks_x = triton.cdiv(n, cfg.block_m)
-    n_blocks = n_blocks_x + triton.cdiv(m, cfg.block_m)
+    n_blocks_x = cdiv(n, cfg.block_m)
+    n_blocks = n_blocks_x + cdiv(m, cfg.block_m)
     split = split_count(n_blocks * B, min(n, m), cfg.block_n, X.x.device)
     cps_x, cps_y = _chunk(m, split, cfg.block_n), _chunk(n, split, cfg.block_n)
-    split = max(triton.cdiv(m, cps_x), triton.cdiv(n, cps_y))
+    split = max(cdiv(m, cps_x), cdiv(n, cps_y))
     pfmax, pfsum = _partials(split, f)
     pgmax, pgsum = _partials(split, g)
     euclid, labels, xlab, ylab, xlc, n_lab, lscale = cost_args(X, Y)
@@ -970,8 +970,8 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
         **FP_FUSION,
     )
     if split > 1:
-        nbx = triton.cdiv(n, _COMBINE_BLOCK)
-        nb = nbx + triton.cdiv(m, _COMBINE_BLOCK)
+        nbx = cdiv(n, _COMBINE_BLOCK)
+        nb = nbx + cdiv(m, _COMBINE_BLOCK)
         _lse_combine_kernel[(nb, B)](
             pfmax,
             pfsum,

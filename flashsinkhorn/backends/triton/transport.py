@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._triton_launch import FP_FUSION
+from ..._triton_launch import FP_FUSION, cdiv, next_pow2
 from ...problem import Side
 from .configs import interpreting
 from .lse import (
@@ -77,8 +77,8 @@ class TransportConfig:
 
 
 def _tiles(k: int, cap: int) -> tuple[int, int]:
-    block = min(max(16, triton.next_power_of_2(max(k, 1))), cap)
-    return block, triton.cdiv(max(k, 1), block)
+    block = min(max(16, next_pow2(max(k, 1))), cap)
+    return block, cdiv(max(k, 1), block)
 
 
 def transport_config(d: int, p: int, r: int) -> TransportConfig:
@@ -376,8 +376,8 @@ def _split_plan(n_programs: int, m: int, block_n: int, device, splittable: bool)
     if not splittable:
         return 1, m1
     if FORCE_SPLIT is not None:
-        cps = _chunk(m1, max(1, min(FORCE_SPLIT, triton.cdiv(m1, block_n))), block_n)
-        return triton.cdiv(m1, cps), cps
+        cps = _chunk(m1, max(1, min(FORCE_SPLIT, cdiv(m1, block_n))), block_n)
+        return cdiv(m1, cps), cps
     return plan_split(n_programs, m1, block_n, device)
 
 
@@ -426,7 +426,7 @@ def _launch(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, precision, 
     else:
         A = Bw = marg
     s3 = lambda t: (t.stride(0), t.stride(1)) if t.dim() == 3 else (0, 0)  # noqa: E731
-    n_blocks = triton.cdiv(n, cfg.block_m)
+    n_blocks = cdiv(n, cfg.block_m)
     split, cps = _split_plan(n_blocks * B, m, cfg.block_n, rows.x.device, cfg.p_tiles == 1)
     euclid, labels, rlab, clab, lcost, n_lab, lscale = cost_args(rows, cols)
     pmax = psum = pwsum = pacc = marg  # placeholders when not split
@@ -456,7 +456,7 @@ def _launch(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, precision, 
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **FP_FUSION,
     )
     if split > 1:
-        _apply_combine_kernel[(triton.cdiv(n, _COMBINE_ROWS), B)](
+        _apply_combine_kernel[(cdiv(n, _COMBINE_ROWS), B)](
             pmax, psum, pwsum, pacc, xpts_r, rows.sq, rows.logw, row_pot, out, marg,
             n, p, split,
             xpts_r.stride(0), xpts_r.stride(1), rows.sq.stride(0), *s3(out), B * n, B * n * p,

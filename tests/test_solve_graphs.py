@@ -1,0 +1,165 @@
+"""Cached CUDA graphs of fixed-iteration solves (solvers/graphs.py).
+
+The key must change with every tensor address and every option the launches depend on; on the
+GPU a replay must give bitwise the eager result on new data at the same addresses, and solves
+with a tolerance, a warm start or the dense path must never be graphed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import flashsinkhorn as fs
+from flashsinkhorn.backends.torch_ref import TorchBackend
+from flashsinkhorn.backends.triton import TritonBackend
+from flashsinkhorn.problem import prepare
+from flashsinkhorn.solvers import graphs
+from flashsinkhorn.solvers.loop import solve
+
+from .conftest import HAS_CUDA
+
+
+def _problem(device, seed=0, B=3, n=37, m=29, d=3, precision="tf32"):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(B, n, d, generator=g).to(device)
+    y = torch.rand(B, m, d, generator=g).to(device)
+    return prepare(x, y, None, None, rho_x=None, rho_y=None, precision=precision)
+
+
+def test_key_follows_every_tensor_address_and_option():
+    p = _problem("cpu")
+    base = graphs._side_key(p.X)
+    # a copy of the same values at another address is another key
+    moved = dataclasses.replace(p.X, x=p.X.x.clone())
+    assert graphs._side_key(moved) != base
+    for field, value in (("rho", 1.0), ("kscale", 2.0 * p.X.kscale), ("has_null", True)):
+        assert graphs._side_key(dataclasses.replace(p.X, **{field: value})) != base
+    assert graphs._side_key(dataclasses.replace(p.X)) == base
+
+
+def test_no_key_on_cpu_or_for_a_stateful_backend():
+    p = _problem("cpu")
+    assert graphs.solve_key(p, TritonBackend(), [0.1], 5, "symmetric") is None
+    assert graphs.solve_key(p, TorchBackend(), [0.1], 5, "symmetric") is None
+    assert not TorchBackend.graph_safe
+
+
+@pytest.mark.gpu
+def test_run_captures_on_second_sight_and_replays_on_current_data():
+    graphs.clear()
+    a = torch.randn(1000, device="cuda")
+    dev = a.device
+
+    def work():
+        return a * 2.0, a + 1.0
+
+    key = ("unit-test", 1)
+    f1, _ = graphs.run(key, work, dev)  # eager
+    assert graphs.stats() == {"captured": 0, "failed": 0, "replayed": 0}
+    f2, g2 = graphs.run(key, work, dev)  # captured, then replayed
+    assert graphs.stats() == {"captured": 1, "failed": 0, "replayed": 1}
+    old = a.clone()
+    a.copy_(torch.randn(1000, device="cuda"))
+    f3, g3 = graphs.run(key, work, dev)  # replayed on the new values of a
+    assert graphs.stats()["replayed"] == 2
+    assert torch.equal(f1, old * 2.0) and torch.equal(f2, old * 2.0) and torch.equal(g2, old + 1)
+    assert torch.equal(f3, a * 2.0) and torch.equal(g3, a + 1.0)
+    # the caller owns what it got: a replay does not overwrite earlier outputs
+    assert f2.data_ptr() != f3.data_ptr()
+
+    def sync_inside():
+        return a * float(a.sum()), a  # a host synchronisation cannot be captured
+
+    key2 = ("unit-test", 2)
+    for _ in range(3):
+        f, _ = graphs.run(key2, sync_inside, dev)
+        assert torch.equal(f, a * float(a.sum()))
+    assert graphs.stats()["failed"] == 1
+
+
+def _results(calls, kw):
+    # Only host copies are kept: the device tensors of one call are freed before the next, as
+    # in a training loop, so the caching allocator hands out the same addresses again.
+    out = []
+    for x, y in calls:
+        res = fs.sinkhorn(x, y, **kw)
+        out.append((res.f.cpu(), res.g.cpu(), res.value.cpu(), res.n_iters, res.converged))
+        del res
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("schedule", ["symmetric", "alternating"])
+def test_replay_equals_eager_on_new_data(monkeypatch, schedule):
+    graphs.clear()
+    kw = dict(eps=0.1, n_iters=7, tol=None, schedule=schedule, precision="tf32")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    clouds = [
+        (torch.rand(5, 300, 3, device="cuda", generator=gen),
+         torch.rand(5, 211, 3, device="cuda", generator=gen))
+        for _ in range(6)
+    ]  # fmt: skip
+    monkeypatch.setattr(graphs, "USE_SOLVE_GRAPHS", False)
+    eager = _results(clouds, kw)
+    monkeypatch.setattr(graphs, "USE_SOLVE_GRAPHS", True)
+    got = _results(clouds, kw)
+    st = graphs.stats()
+    # the caching allocator reuses the addresses of prepare's tensors from call to call
+    assert st["captured"] >= 1 and st["replayed"] >= 2 and st["failed"] == 0
+    for e, r in zip(eager, got, strict=True):
+        for te, tr in zip(e[:3], r[:3], strict=True):
+            assert torch.equal(te, tr)
+        assert r[3] == e[3] == 7 and r[4] is False
+
+
+@pytest.mark.gpu
+def test_training_loop_losses_and_gradients_equal_eager(monkeypatch):
+    graphs.clear()
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    y = torch.rand(4, 257, 3, device="cuda", generator=gen)
+    xs = [torch.rand(4, 300, 3, device="cuda", generator=gen) for _ in range(6)]
+
+    def run():
+        out = []
+        for x0 in xs:
+            x = x0.clone().requires_grad_(True)
+            loss = fs.sinkhorn_divergence(x, y, eps=0.05, n_iters=10, tol=None).sum()
+            (gx,) = torch.autograd.grad(loss, x)
+            out.append((loss.detach().cpu(), gx.cpu()))
+            del x, loss, gx
+        return out
+
+    monkeypatch.setattr(graphs, "USE_SOLVE_GRAPHS", False)
+    eager = run()
+    monkeypatch.setattr(graphs, "USE_SOLVE_GRAPHS", True)
+    got = run()
+    assert graphs.stats()["replayed"] >= 3
+    for (le, ge), (lg, gg) in zip(eager, got, strict=True):
+        assert torch.equal(le, lg) and torch.equal(ge, gg)
+
+
+@pytest.mark.gpu
+def test_not_graphed_with_tolerance_warm_start_or_dense_path():
+    graphs.clear()
+    p = _problem("cuda", precision="ieee")
+    for _ in range(3):
+        solve(p, TritonBackend(), eps_list=[0.1], n_iters=5, tol=1e-3, check_every=2,
+              schedule="symmetric")  # fmt: skip
+        init = (torch.zeros_like(p.X.sq), torch.zeros_like(p.Y.sq))
+        solve(p, TritonBackend(), eps_list=[0.1], n_iters=5, tol=None, check_every=2,
+              schedule="symmetric", init=init)  # fmt: skip
+        fs.sinkhorn(torch.rand(2, 40, 300, device="cuda"), torch.rand(2, 30, 300, device="cuda"),
+                    eps=0.5, n_iters=3, tol=None, path="dense")  # fmt: skip
+    assert graphs.stats() == {"captured": 0, "failed": 0, "replayed": 0}
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the CPU path")
+def test_cpu_solves_never_touch_the_cache():
+    graphs.clear()
+    for _ in range(3):
+        fs.sinkhorn(torch.rand(20, 3), torch.rand(17, 3), eps=0.1, n_iters=3, tol=None)
+    assert graphs.stats() == {"captured": 0, "failed": 0, "replayed": 0}
+    assert not graphs._SEEN
