@@ -241,45 +241,6 @@ def prepare(
     balanced = rho_x is None and rho_y is None
     # float64 weights are often float32 ones upcast: allow their rounding.
     rtol = 1e-6 if pdtype == torch.float64 else 1e-4
-    # Value checks in one synchronisation. Uniform weights (a or b None) are built here and need
-    # none. The points' finiteness rides on the operand scale's reduction when there is one: a
-    # NaN or inf anywhere makes the centred maximum non-finite (then the checks say which).
-    scaled = X.dtype == torch.float32 and precision in ("tf32", "tf32x3")
-    given = [(nm, w, mw) for nm, w, mw, g in (("a", wa, ma, a), ("b", wb, mb, b)) if g is not None]
-    checks: list[tuple[torch.Tensor, str]] = [
-        ((w < 0).any(), f"{nm} must be non-negative") for nm, w, _ in given
-    ]
-    checks += [(~torch.isfinite(w).all(), f"{nm} must be finite") for nm, w, _ in given]
-    if check_finite and not scaled:
-        checks += [
-            (~torch.isfinite(X).all(), "x must not contain NaN or inf"),
-            (~torch.isfinite(Y).all(), "y must not contain NaN or inf"),
-        ]
-    checks += [
-        ((mw <= 0).any(), f"{nm} must have a positive total mass (all weights are zero)")
-        for nm, _, mw in given
-    ]
-    if balanced and given:
-        checks += [(((ma - mb).abs() > rtol * torch.maximum(ma, mb)).any(), "gap")]
-    # Zero-weight points are flagged in the same synchronisation (see Side.has_null).
-    null_checks = [(w == 0).any() for _, w, _ in given]
-    null_a = null_b = False
-    if checks or null_checks:
-        vals = torch.stack([c for c, _ in checks] + null_checks).tolist()
-        for flag, (_, msg) in zip(vals, checks, strict=False):
-            if not flag:
-                continue
-            if msg == "gap":
-                gap = ((ma - mb).abs() / torch.maximum(ma, mb)).max().item()
-                raise ValueError(
-                    "a and b must have equal total mass in a balanced problem "
-                    f"(relative gap {gap:.2e} > {rtol:g}); normalise them or pass rho_x/rho_y "
-                    "for an unbalanced problem"
-                )
-            raise ValueError(msg)
-        null = dict(zip([nm for nm, _, _ in given], vals[len(checks) :], strict=True))
-        null_a, null_b = bool(null.get("a", False)), bool(null.get("b", False))
-
     # Translation invariance: centre at the joint weighted mean so that fp32 norms stay accurate.
     Xc = X.to(pdtype)
     Yc = Y.to(pdtype)
@@ -288,14 +249,52 @@ def prepare(
     ).unsqueeze(-1)
     Xc = Xc - centre[:, None, :]
     Yc = Yc - centre[:, None, :]
-    kscale = 1.0
-    if scaled:
-        amax = float(torch.maximum(Xc.abs().max(), Yc.abs().max()))
-        if check_finite and not math.isfinite(amax):
-            for name, t in (("x", X), ("y", Y)):
-                if not bool(torch.isfinite(t).all()):
-                    raise ValueError(f"{name} must not contain NaN or inf")
-        kscale = kernel_scale(precision, amax)
+
+    # Value checks in one synchronisation, from a few reductions. Uniform weights (a or b None)
+    # are built here and need none. A given weight vector contributes its minimum and maximum
+    # (negative: min < 0; NaN or inf: a non-finite min or max; zero weights: min == 0) and its
+    # smallest total mass. The points' finiteness rides on the largest |centred coordinate|, a
+    # NaN or inf anywhere makes it non-finite; with "tf32"/"tf32x3" it also sets the operand
+    # scale. (Invalid weights make the centre meaningless, but nothing is used before the
+    # checks pass.)
+    scaled = X.dtype == torch.float32 and precision in ("tf32", "tf32x3")
+    given = [(nm, w, mw) for nm, w, mw, g in (("a", wa, ma, a), ("b", wb, mb, b)) if g is not None]
+    stats: list[torch.Tensor] = []
+    for _, w, mw in given:
+        stats += [*torch.aminmax(w), mw.min()]
+    gap_check = balanced and bool(given)
+    if gap_check:
+        stats.append(((ma - mb).abs() / torch.maximum(ma, mb)).max())
+    if scaled or check_finite:
+        stats.append(torch.maximum(Xc.abs().max(), Yc.abs().max()))
+    vals = torch.stack([t.to(pdtype) for t in stats]).tolist() if stats else []
+    wvals, rest = vals[: 3 * len(given)], vals[3 * len(given) :]
+    per = {nm: wvals[3 * k : 3 * k + 3] for k, (nm, _, _) in enumerate(given)}
+    for nm, (lo, _, _) in per.items():
+        if lo < 0:
+            raise ValueError(f"{nm} must be non-negative")
+    for nm, (lo, hi, _) in per.items():
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise ValueError(f"{nm} must be finite")
+    amax = rest[-1] if (scaled or check_finite) else 0.0
+    if check_finite and not math.isfinite(amax):
+        # say which cloud
+        for name, t in (("x", X), ("y", Y)):
+            if not bool(torch.isfinite(t).all()):
+                raise ValueError(f"{name} must not contain NaN or inf")
+    for nm, (_, _, mass_min) in per.items():
+        if not mass_min > 0:
+            raise ValueError(f"{nm} must have a positive total mass (all weights are zero)")
+    if gap_check and rest[0] > rtol:
+        raise ValueError(
+            "a and b must have equal total mass in a balanced problem "
+            f"(relative gap {rest[0]:.2e} > {rtol:g}); normalise them or pass rho_x/rho_y "
+            "for an unbalanced problem"
+        )
+    # Zero-weight points (see Side.has_null).
+    null_a = "a" in per and per["a"][0] == 0
+    null_b = "b" in per and per["b"][0] == 0
+    kscale = kernel_scale(precision, amax) if scaled else 1.0
     side_x = centred_side(Xc, X.dtype, wa, rho_x, precision, kscale, null_a)
     side_y = centred_side(Yc, X.dtype, wb, rho_y, precision, kscale, null_b)
     if cost != "sqeuclidean" or labels is not None:
