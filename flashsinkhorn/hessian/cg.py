@@ -24,6 +24,8 @@ from typing import NamedTuple
 
 import torch
 
+from .._cuda_graph import capture
+
 
 @dataclass
 class CGInfo:
@@ -91,37 +93,23 @@ class _GraphedBlock:
     """``k`` CG iterations captured once in a CUDA graph; each call copies the state into the
     graph's input buffers and replays (one launch for ~20 kernels × k, no Python per kernel)."""
 
-    def __init__(self, step: Callable[[_State], _State], like: _State, k: int):
-        dev = like.w.device
-        with torch.cuda.device(dev):
-            self.inp = _State(*(t.clone() for t in like))
-            self.graph = torch.cuda.CUDAGraph()
-            # capture_begin/end on a side stream rather than the torch.cuda.graph context,
-            # which also runs gc.collect() and empties the caching allocator on every capture.
-            main = torch.cuda.current_stream(dev)
-            side = torch.cuda.Stream(dev)
-            side.wait_stream(main)
-            with torch.cuda.stream(side):
-                self.graph.capture_begin()
-                try:
-                    out = self.inp
-                    for _ in range(k):
-                        out = step(out)
-                finally:
-                    self.graph.capture_end()
-            main.wait_stream(side)
-        self.out = out
+    def __init__(self, graph: torch.cuda.CUDAGraph, inp: _State, out: _State):
+        self.graph, self.inp, self.out = graph, inp, out
 
     @classmethod
     def try_capture(cls, step, like: _State, k: int) -> _GraphedBlock | None:
         """The captured block, or None when the matvec cannot be captured (a host sync or
         another stream inside it, or a capture already under way): CG then stays eager."""
-        if torch.cuda.is_current_stream_capturing():
-            return None
-        try:
-            return cls(step, like, k)
-        except RuntimeError:
-            return None
+        inp = _State(*(t.clone() for t in like))
+
+        def block():
+            out = inp
+            for _ in range(k):
+                out = step(out)
+            return out
+
+        got = capture(block, like.w.device)
+        return None if got is None else cls(got[0], inp, got[1])
 
     def __call__(self, s: _State) -> _State:
         for dst, src in zip(self.inp, s, strict=True):

@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import torch
 
+from .._cuda_graph import capture
 from ..problem import Problem
 
 #: Capture fixed-iteration solves on CUDA and replay them (False: always launch from Python).
@@ -106,24 +107,8 @@ def run(key: tuple, solve: Callable[[], tuple[torch.Tensor, ...]], device) -> tu
 
 def _capture(solve, device) -> _Graphed | None:
     """The captured solve, or None when it cannot be captured (then it stays eager)."""
-    try:
-        with torch.cuda.device(device):
-            graph = torch.cuda.CUDAGraph()
-            # capture_begin/end on a side stream rather than the torch.cuda.graph context,
-            # which also runs gc.collect() and empties the caching allocator on every capture.
-            main = torch.cuda.current_stream()
-            side = torch.cuda.Stream()
-            side.wait_stream(main)
-            with torch.cuda.stream(side):
-                graph.capture_begin()
-                try:
-                    outs = tuple(solve())
-                finally:
-                    graph.capture_end()
-            main.wait_stream(side)
-        return _Graphed(graph, outs)
-    except RuntimeError:
-        return None
+    got = capture(lambda: tuple(solve()), device)
+    return None if got is None else _Graphed(*got)
 
 
 def stats() -> dict[str, int]:
