@@ -116,7 +116,7 @@ class _Loop:
         for eps in eps_list:
             lam = _damping(eps, rho)
             f, g, _, _ = impl.symmetric_step(
-                X, Y, f, g, eps, 0.5, 0.5 * lam, 0.5 * lam, False, prec
+                X, Y, f, g, eps, 0.5, 0.5 * lam, 0.5 * lam, False, prec, warm=True
             )
             if debias:
                 p = soft(X, X, p, p, eps, 0.5, 0.5 * lam)
@@ -125,7 +125,9 @@ class _Loop:
         lam = _damping(eps, rho)
         # Last extrapolation: full updates from the previous potentials (kept for the plans).
         self.f_old, self.g_old = f, g
-        self.f, self.g, _, _ = impl.symmetric_step(X, Y, f, g, eps, 0.0, lam, lam, False, prec)
+        self.f, self.g, _, _ = impl.symmetric_step(
+            X, Y, f, g, eps, 0.0, lam, lam, False, prec, warm=True
+        )
         if debias:
             self.p_old, self.q_old = p, q
             self.p = soft(X, X, p, p, eps, 0.0, lam)

@@ -73,8 +73,15 @@ class Backend(ABC):
         beta_y: float,
         want_raw: bool,
         precision: str,
+        warm: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Both half-steps from the same (f, g); a backend may fuse them into one launch."""
+        """Both half-steps from the same (f, g); a backend may fuse them into one launch.
+
+        ``warm``: (f, g) is an iterate of the loop (not the zero start), so its plan is close
+        to balanced and a backend may read both soft-mins off one plan sweep (Triton: plan.py,
+        which falls back by itself when that assumption fails). Results do not depend on it
+        beyond rounding.
+        """
         f_new, tf = self.softmin(X, Y, g, eps, f, alpha, beta_x, want_raw, precision)
         g_new, tg = self.softmin(Y, X, f, eps, g, alpha, beta_y, want_raw, precision)
         return f_new, g_new, tf, tg

@@ -44,7 +44,7 @@ def _step(problem, backend, f, g, eps, schedule, first, want_raw):
         # The first iteration starts from zero potentials: a plain update, not an average.
         alpha, w = (0.0, 1.0) if first else (0.5, 0.5)
         f_new, g_new, tf, tg = backend.symmetric_step(
-            X, Y, f, g, eps, alpha, w * lx, w * ly, want_raw, prec
+            X, Y, f, g, eps, alpha, w * lx, w * ly, want_raw, prec, warm=not first
         )
         err = side_error(X, f, tf, eps) + side_error(Y, g, tg, eps) if want_raw else None
         return f_new, g_new, err

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from ..base import Backend
-from . import lse
+from . import lse, plan
+
+#: Symmetric steps from an iterate read both soft-mins off one plan sweep (plan.py). Tests and
+#: A/B probes set this to False for the two-sweep online-LSE step.
+USE_PLAN_STEP = True
 
 
 class TritonBackend(Backend):
@@ -15,7 +19,11 @@ class TritonBackend(Backend):
     def softmin(self, rows, cols, col_pot, eps, old, alpha, beta, want_raw, precision):
         return lse.softmin(rows, cols, col_pot, eps, old, alpha, beta, want_raw, precision)
 
-    def symmetric_step(self, X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
+    def symmetric_step(
+        self, X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, warm=False
+    ):  # fmt: skip
+        if warm and USE_PLAN_STEP and plan.eligible(X, Y):
+            return plan.symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision)
         return lse.symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision)
 
     def transport(self, rows, cols, row_pot, col_pot, eps, V, A, Bw, precision):

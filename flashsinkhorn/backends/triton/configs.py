@@ -83,3 +83,21 @@ def _lse_config(d: int, half_operands: bool, interp: bool) -> LSEConfig:
     # (H100, 10k x 10k, d = 512: 39 ms against 52 ms with 64-wide tiles).
     block_d = 64
     return LSEConfig(128, 128, block_d, cdiv(d, block_d), 8, 3)
+
+
+def plan_config(d: int, half_operands: bool = False) -> LSEConfig:
+    """Tile shape of the plan step (plan.py), one sweep for both half-steps at feature size d.
+
+    Depends on d and the operand kind only, like :func:`lse_config`.
+    """
+    return _plan_config(d, bool(half_operands), interpreting())
+
+
+@functools.lru_cache(maxsize=256)
+def _plan_config(d: int, half_operands: bool, interp: bool) -> LSEConfig:
+    base = _lse_config(d, half_operands, interp)
+    if interp or not half_operands or d > 128:
+        return base
+    # 128 x 64 tiles, 4 warps: the fastest of seven shapes at 10k and 50k, d = 64 on the H200
+    # (bench/results/dev/plan_probe_h200_s17.json, docs/performance.md entry 16).
+    return LSEConfig(128, 64, base.block_d, 1, 4, 3)

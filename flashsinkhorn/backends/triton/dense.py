@@ -155,7 +155,9 @@ class DenseTritonBackend(TritonBackend):
             combine_one_side(pmax, psum, rows.sq, old, out, raw, split, eps, alpha, beta, want_raw)
         return out, (raw if want_raw else None)
 
-    def symmetric_step(self, X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
+    def symmetric_step(
+        self, X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, warm=False
+    ):  # fmt: skip
         # Two launches over K (plus merges); no fused variant needed for a memory-bound sweep.
         f_new, tf = self.softmin(X, Y, g, eps, f, alpha, beta_x, want_raw, precision)
         g_new, tg = self.softmin(Y, X, f, eps, g, alpha, beta_y, want_raw, precision)

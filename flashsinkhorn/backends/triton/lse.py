@@ -426,6 +426,7 @@ def _softmin_sym_kernel(
     Ylab,
     XLc,
     YLc,
+    Guard,
     n_x,
     n_y,
     d,
@@ -457,13 +458,20 @@ def _softmin_sym_kernel(
     WRITE_RAW: tl.constexpr,
     EUCLID: tl.constexpr,
     LABELS: tl.constexpr,
+    GUARD: tl.constexpr,
 ):
     # One launch for both half-steps of a symmetric iteration: the first n_blocks_x programs
-    # update f from the old g, the rest update g from the old f.
+    # update f from the old g, the rest update g from the old f. GUARD: the fallback of the plan
+    # step (plan.py), which does nothing unless the int32 at Guard is non-zero.
     i_m = tl.program_id(0)
     i_b = tl.program_id(1)
     i_s = tl.program_id(2)
-    if i_m < n_blocks_x:
+    run = True
+    if GUARD:
+        run = tl.load(Guard) != 0
+    if not run:
+        pass
+    elif i_m < n_blocks_x:
         _softmin_rows(
             X,
             Y,
@@ -610,6 +618,7 @@ def _lse_combine_kernel(
     G,
     Gout,
     Graw,
+    Guard,
     n_x,
     n_y,
     n_blocks_x,
@@ -625,11 +634,18 @@ def _lse_combine_kernel(
     BLOCK: tl.constexpr,
     WRITE_RAW: tl.constexpr,
     EUCLID: tl.constexpr,
+    GUARD: tl.constexpr,
 ):
-    # Merges the per-chunk (max, sum) of a split sweep; one launch serves both sides.
+    # Merges the per-chunk (max, sum) of a split sweep; one launch serves both sides. GUARD: as
+    # in _softmin_sym_kernel.
     i_m = tl.program_id(0)
     i_b = tl.program_id(1)
-    if i_m < n_blocks_x:
+    run = True
+    if GUARD:
+        run = tl.load(Guard) != 0
+    if not run:
+        pass
+    elif i_m < n_blocks_x:
         _combine_rows(
             PFmax,
             PFsum,
@@ -719,9 +735,9 @@ def combine_one_side(
     # The y-side slots repeat the x side; n_blocks_x = nb routes every program to it.
     args = (pmax, psum, sq, old, out, raw)
     _lse_combine_kernel[(nb, B)](
-        *args, *args, n, n, nb, split, sq.stride(0), sq.stride(0), B * n, B * n,
+        *args, *args, sq, n, n, nb, split, sq.stride(0), sq.stride(0), B * n, B * n,
         float(eps), float(alpha), float(beta), float(beta),
-        BLOCK=_COMBINE_BLOCK, WRITE_RAW=want_raw, EUCLID=euclid, **FP_FUSION,
+        BLOCK=_COMBINE_BLOCK, WRITE_RAW=want_raw, EUCLID=euclid, GUARD=False, **FP_FUSION,
     )  # fmt: skip
 
 
@@ -893,17 +909,33 @@ def softmin(
     return out, (raw if want_raw else None)
 
 
-def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
-    """Launches both half-steps of a symmetric iteration in one grid (plus one merge launch
-    when the columns are split)."""
-    B, n, d = X.x.shape
-    m = Y.x.shape[1]
-    xx, xy, dot_scale, precision = operands(X, Y, precision)
-    cfg = lse_config(d, _half(xx, precision))
+def step_outputs(f, g, want_raw):
+    """(f_new, g_new, f_raw, g_raw) of a symmetric step; the raw ones alias the new ones when
+    not wanted."""
     f_new = torch.empty_like(f)
     g_new = torch.empty_like(g)
     f_raw = torch.empty_like(f) if want_raw else f_new
     g_raw = torch.empty_like(g) if want_raw else g_new
+    return f_new, g_new, f_raw, g_raw
+
+
+def symmetric_step(
+    X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, out=None, guard=None
+):  # fmt: skip
+    """Launches both half-steps of a symmetric iteration in one grid (plus one merge launch
+    when the columns are split).
+
+    ``out``: the four output tensors of :func:`step_outputs` to write (default: new ones).
+    ``guard``: an int32 device flag; the launches then do nothing unless it is non-zero (the
+    fallback of the plan step, plan.py).
+    """
+    B, n, d = X.x.shape
+    m = Y.x.shape[1]
+    xx, xy, dot_scale, precision = operands(X, Y, precision)
+    cfg = lse_config(d, _half(xx, precision))
+    f_new, g_new, f_raw, g_raw = step_outputs(f, g, want_raw) if out is None else out
+    guarded = guard is not None
+    guard = guard if guarded else f
     n_blocks_x = cdiv(n, cfg.block_m)
     n_blocks = n_blocks_x + cdiv(m, cfg.block_m)
     split = split_count(n_blocks * B, min(n, m), cfg.block_n, X.x.device)
@@ -934,6 +966,7 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
         ylab,
         xlc,
         ylc,
+        guard,
         n,
         m,
         d,
@@ -965,6 +998,7 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
         WRITE_RAW=want_raw,
         EUCLID=euclid,
         LABELS=labels,
+        GUARD=guarded,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **FP_FUSION,
@@ -985,6 +1019,7 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
             g,
             g_new,
             g_raw,
+            guard,
             n,
             m,
             nbx,
@@ -1000,6 +1035,7 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
             BLOCK=_COMBINE_BLOCK,
             WRITE_RAW=want_raw,
             EUCLID=euclid,
+            GUARD=guarded,
             **FP_FUSION,
         )
     if want_raw:

@@ -1,0 +1,203 @@
+"""Symmetric step with one exp per pair: both soft-mins read off one tile of the plan.
+
+From the same (f, g), the plan π_ij = a_i b_j exp((f_i + g_j − C_ij)/eps) gives both half-steps
+through its row and column sums r, c: T(g)_i = f_i − eps ln(r_i / a_i) and
+T(f)_j = g_j − eps ln(c_j / b_j). One sweep over x-row blocks forms each x·yᵀ tile and its exps
+once (the online-LSE step does both twice); the row sums stay in registers, the column sums of
+every tile go to a [row blocks, m] buffer that the finishing kernel adds up. There is no
+running max: the sums are only trusted in [2^-64, 3e38], which holds once (f, g) is an iterate
+of the loop. Outside that range a device flag makes the guarded online-LSE launch redo the
+step (no host synchronisation either way). Derivation and range argument: docs/kernels.md.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..._triton_launch import FP_FUSION, cdiv
+from ...problem import Side
+from . import lse
+from .configs import plan_config
+
+_DYNAMIC = [
+    "n_x",
+    "n_y",
+    "n_rows",
+    "cols_per_split",
+    "n_blocks_x",
+    "n_cb_x",
+    "n_parts_x",
+    "n_parts_y",
+    "s_xb",
+    "s_yb",
+    "s_fb",
+    "s_gb",
+    "s_prs",
+    "s_pcb",
+]
+
+# Sums outside [_LOW, _HIGH] (or NaN) send the step to the online-LSE fallback: below _LOW,
+# terms flushed to zero could matter (each < 2^-126, at most 2^27 of them); above, a term may
+# have overflowed.
+_LOW = 2.0**-64
+_HIGH = 3.0e38
+
+
+@triton.jit(do_not_specialize=_DYNAMIC)
+def _plan_fwd_kernel(
+    X, Y, Xsq, Ysq, Xlogw, Ylogw, F, G, Prow, Pcol, Flag,
+    n_x, n_y, d, cols_per_split, n_blocks_x,
+    s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs, s_pcb,
+    eps, dot_scale, sq_floor,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    D_TILES: tl.constexpr, PRECISION: tl.constexpr, EUCLID: tl.constexpr,
+):  # fmt: skip
+    i_m = tl.program_id(0)
+    i_b = tl.program_id(1)
+    i_s = tl.program_id(2)
+    if (i_m == 0) & (i_b == 0) & (i_s == 0):
+        # Reset for this step's finishing kernel; stream order puts it after the previous
+        # step's guarded launches and before this step's checks.
+        tl.store(Flag, 0)
+    scale2 = 2.0 * 1.4426950408889634 * dot_scale / eps
+    inv_eps2 = 1.4426950408889634 / eps
+    i_b64 = i_b.to(tl.int64)
+    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_m = o_m < n_x
+    o_d = tl.arange(0, BLOCK_D)
+    p_r = X + i_b64 * s_xb + o_m.to(tl.int64)[:, None] * s_xn + o_d[None, :]
+    p_c0 = Y + i_b64 * s_yb
+    if D_TILES == 1:
+        b_r, b_rl = lse._load_parts(p_r, m_m[:, None] & (o_d[None, :] < d), d, PRECISION)
+    o_vr = i_b64 * s_fb + o_m
+    # Row bias u_i of the plan's exponent: the column bias of the y-side sweep, from f.
+    b_u, b_rsq = lse._col_bias(F, Xsq, Xlogw, o_vr, m_m, inv_eps2, EUCLID)
+    b_sum = tl.zeros([BLOCK_M], tl.float32)
+    p_col = Pcol + i_b64 * s_pcb + i_m.to(tl.int64) * n_y
+    col_start = i_s * cols_per_split
+    col_stop = tl.minimum(col_start + cols_per_split, n_y)
+    for start_n in range(col_start, col_stop, BLOCK_N):
+        o_n = start_n + tl.arange(0, BLOCK_N)
+        m_n = o_n < n_y
+        p_c = p_c0 + o_n.to(tl.int64)[:, None] * s_yn + o_d[None, :]
+        b_s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        if D_TILES == 1:
+            b_c, b_cl = lse._load_parts(p_c, m_n[:, None] & (o_d[None, :] < d), d, PRECISION)
+            b_s = lse._score_dot(b_r, b_rl, b_c, b_cl, b_s, PRECISION)
+        else:
+            for i_d in range(D_TILES):
+                m_d = (i_d * BLOCK_D + o_d) < d
+                b_rd, b_rdl = lse._load_parts(
+                    p_r + i_d * BLOCK_D, m_m[:, None] & m_d[None, :], d, PRECISION
+                )
+                b_cd, b_cdl = lse._load_parts(
+                    p_c + i_d * BLOCK_D, m_n[:, None] & m_d[None, :], d, PRECISION
+                )
+                b_s = lse._score_dot(b_rd, b_rdl, b_cd, b_cdl, b_s, PRECISION)
+        b_v, b_csq = lse._col_bias(G, Ysq, Ylogw, i_b64 * s_gb + o_n, m_n, inv_eps2, EUCLID)
+        b_z, _ = lse._cost_scores(
+            b_s, b_v, b_rsq, b_csq, b_s, scale2, inv_eps2, dot_scale, sq_floor, EUCLID, 0
+        )
+        # Masked rows and columns carry a -inf bias: their plan entries are exactly 0.
+        b_p = tl.exp2(b_z + b_u[:, None])
+        b_sum += tl.sum(b_p, 1)
+        tl.store(p_col + o_n, tl.sum(b_p, 0), mask=m_n)
+    tl.store(Prow + i_s * s_prs + i_b64 * n_x + o_m, b_sum, mask=m_m)
+
+
+@triton.jit
+def _plan_finish_rows(
+    P, Sq, Logw, Pot, Out, Raw, Flag, i_b, i_m, n_rows, n_parts, s_part, s_pb, s_vb,
+    eps, alpha, beta, BLOCK: tl.constexpr, WRITE_RAW: tl.constexpr, EUCLID: tl.constexpr,
+):  # fmt: skip
+    # Adds the partial sums of one side, checks their range and applies the soft-min epilogue
+    # with log2 Σ exp2(z) = log2(sum) − u (u: this side's bias in the plan's exponent).
+    o_m = i_m * BLOCK + tl.arange(0, BLOCK)
+    m_m = o_m < n_rows
+    i_b64 = i_b.to(tl.int64)
+    o_p = i_b64 * s_pb + o_m
+    o_vr = i_b64 * s_vb + o_m
+    b_sum = tl.zeros([BLOCK], tl.float32)
+    for k in range(n_parts):
+        b_sum += tl.load(P + k * s_part + o_p, mask=m_m, other=1.0)
+    b_u, _ = lse._col_bias(Pot, Sq, Logw, o_vr, m_m, 1.4426950408889634 / eps, EUCLID)
+    b_ok = (b_sum >= 5.421010862427522e-20) & (b_sum <= 3.0e38)  # 2^-64; NaN fails both
+    b_bad = tl.max((m_m & (b_ok == 0)).to(tl.int32), 0)
+    tl.store(Flag, 1, mask=b_bad > 0)
+    lse._softmin_epilogue_cost(
+        -b_u, b_sum, Sq, Pot, Out, Raw, o_vr, m_m, eps, alpha, beta, WRITE_RAW, EUCLID
+    )
+
+
+@triton.jit(do_not_specialize=_DYNAMIC)
+def _plan_finish_kernel(
+    Prow, Pcol, Xsq, Ysq, Xlogw, Ylogw, F, G, Fout, Gout, Fraw, Graw, Flag,
+    n_x, n_y, n_cb_x, n_parts_x, n_parts_y, s_fb, s_gb, s_prs, s_pcb,
+    eps, alpha, beta_x, beta_y,
+    BLOCK: tl.constexpr, WRITE_RAW: tl.constexpr, EUCLID: tl.constexpr,
+):  # fmt: skip
+    i_m = tl.program_id(0)
+    i_b = tl.program_id(1)
+    if i_m < n_cb_x:
+        # f side: the row sums of the column chunks, [chunks, B, n].
+        _plan_finish_rows(
+            Prow, Xsq, Xlogw, F, Fout, Fraw, Flag, i_b, i_m, n_x, n_parts_x, s_prs, n_x, s_fb,
+            eps, alpha, beta_x, BLOCK, WRITE_RAW, EUCLID,
+        )  # fmt: skip
+    else:
+        # g side: the column sums of every x-row block, [B, row blocks, m].
+        _plan_finish_rows(
+            Pcol, Ysq, Ylogw, G, Gout, Graw, Flag, i_b, i_m - n_cb_x, n_y, n_parts_y, n_y,
+            s_pcb, s_gb, eps, alpha, beta_y, BLOCK, WRITE_RAW, EUCLID,
+        )  # fmt: skip
+
+
+_FINISH_BLOCK = 256
+
+
+def eligible(X: Side, Y: Side) -> bool:
+    """True when the plan step can serve this problem: no label term (its table would have to
+    be the same seen from both sides) and no zero-weight points (their plan rows are zero)."""
+    return X.labels is None and not (X.has_null or Y.has_null)
+
+
+def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
+    """Both half-steps of a symmetric iteration from one plan sweep, redone by the guarded
+    online-LSE step when the plan's sums leave the trusted range. Same contract as
+    :func:`lse.symmetric_step`."""
+    B, n, d = X.x.shape
+    m = Y.x.shape[1]
+    xx, xy, dot_scale, prec = lse.operands(X, Y, precision)
+    cfg = plan_config(d, lse._half(xx, prec))
+    out = lse.step_outputs(f, g, want_raw)
+    f_new, g_new, f_raw, g_raw = out
+    nbx = cdiv(n, cfg.block_m)
+    split = lse.split_count(nbx * B, m, cfg.block_n, X.x.device)
+    cps = lse._chunk(m, split, cfg.block_n)
+    split = cdiv(m, cps)
+    prow = torch.empty((split,) + tuple(f.shape), dtype=torch.float32, device=f.device)
+    pcol = torch.empty((B, nbx, m), dtype=torch.float32, device=f.device)
+    flag = torch.empty(1, dtype=torch.int32, device=f.device)
+    euclid = X.cost == "euclidean"
+    _plan_fwd_kernel[(nbx, B, split)](
+        xx, xy, X.sq, Y.sq, X.logw, Y.logw, f, g, prow, pcol, flag,
+        n, m, d, cps, nbx,
+        xx.stride(0), xx.stride(1), xy.stride(0), xy.stride(1), f.stride(0), g.stride(0),
+        f.numel(), nbx * m, float(eps), float(dot_scale), float(X.sq_floor),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
+        PRECISION=prec, EUCLID=euclid, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **FP_FUSION,
+    )  # fmt: skip
+    ncx = cdiv(n, _FINISH_BLOCK)
+    _plan_finish_kernel[(ncx + cdiv(m, _FINISH_BLOCK), B)](
+        prow, pcol, X.sq, Y.sq, X.logw, Y.logw, f, g, f_new, g_new, f_raw, g_raw, flag,
+        n, m, ncx, split, nbx, f.stride(0), g.stride(0), f.numel(), nbx * m,
+        float(eps), float(alpha), float(beta_x), float(beta_y),
+        BLOCK=_FINISH_BLOCK, WRITE_RAW=want_raw, EUCLID=euclid, **FP_FUSION,
+    )  # fmt: skip
+    # Runs (and overwrites the outputs) only where the flag was raised.
+    return lse.symmetric_step(
+        X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, out=out, guard=flag
+    )

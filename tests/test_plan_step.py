@@ -1,0 +1,160 @@
+"""The plan step (backends/triton/plan.py): both soft-mins of a symmetric iteration from one
+plan sweep, its range check and the guarded online-LSE fallback. Interpreter on CPU, real
+kernels on CUDA, against the torch backend (float64) and the two-sweep Triton step."""
+
+import pytest
+import torch
+
+import flashsinkhorn as fs
+from flashsinkhorn.backends import TorchBackend, resolve_backend
+from flashsinkhorn.backends import triton as tri_pkg
+from flashsinkhorn.backends.triton import lse, plan
+from flashsinkhorn.problem import prepare
+
+SHAPES = [(1, 37, 53, 1), (2, 45, 29, 3), (1, 33, 70, 17), (2, 21, 38, 130)]
+
+
+def _problem(B, n, m, d, device, seed=0, cost="sqeuclidean", rho=None, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(B, n, d, generator=g, dtype=torch.float64)
+    y = torch.rand(B, m, d, generator=g, dtype=torch.float64) * 1.3 + 0.2
+    a = torch.rand(B, n, generator=g, dtype=torch.float64) + 0.05
+    b = torch.rand(B, m, generator=g, dtype=torch.float64) + 0.05
+    a, b = a / a.sum(1, keepdim=True), b / b.sum(1, keepdim=True)
+    args = [t.to(device=device, dtype=dtype) for t in (x, y, a, b)]
+    return prepare(*args, rho_x=rho, rho_y=rho, precision="ieee", cost=cost)
+
+
+def _iterate(p, eps, k=3):
+    """(f, g) after k torch-backend symmetric steps from zero: a loop iterate."""
+    tb = TorchBackend()
+    f, g = torch.zeros_like(p.X.sq), torch.zeros_like(p.Y.sq)
+    for i in range(k):
+        al, w = (0.0, 1.0) if i == 0 else (0.5, 0.5)
+        f, g, _, _ = tb.symmetric_step(p.X, p.Y, f, g, eps, al, w, w, False, "ieee")
+    return f, g
+
+
+def _plan_with_flag(monkeypatch, *args):
+    """plan.symmetric_step and the value of its fallback flag (1: the guarded step redid it)."""
+    seen = {}
+    real = lse.symmetric_step
+
+    def spy(*a, **kw):
+        seen["guard"] = kw["guard"]
+        return real(*a, **kw)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(plan.lse, "symmetric_step", spy)
+        out = plan.symmetric_step(*args)
+    return out, int(seen["guard"].item())
+
+
+@pytest.mark.parametrize("B,n,m,d", SHAPES)
+@pytest.mark.parametrize("cost", ["sqeuclidean", "euclidean"])
+@pytest.mark.parametrize("rho", [None, 0.7])
+def test_plan_step_matches_float64(device, monkeypatch, B, n, m, d, cost, rho):
+    eps = 0.2 if cost == "sqeuclidean" else 0.1
+    p = _problem(B, n, m, d, device, cost=cost, rho=rho)
+    f, g = _iterate(p, eps)
+    f0, g0 = f.clone(), g.clone()
+    lx = p.X.damping(eps)
+    out, flag = _plan_with_flag(
+        monkeypatch, p.X, p.Y, f, g, eps, 0.5, 0.5 * lx, 0.4 * lx, True, "ieee"
+    )
+    assert flag == 0  # the plan's sums were in range: its own result, not the fallback's
+    p64 = _problem(B, n, m, d, "cpu", cost=cost, rho=rho, dtype=torch.float64)
+    ref = TorchBackend().symmetric_step(
+        p64.X, p64.Y, f.double().cpu(), g.double().cpu(), eps, 0.5, 0.5 * lx, 0.4 * lx, True, "ieee"
+    )  # fmt: skip
+    two_sweeps = lse.symmetric_step(p.X, p.Y, f, g, eps, 0.5, 0.5 * lx, 0.4 * lx, True, "ieee")
+    for got, lse_got, want in zip(out, two_sweeps, ref, strict=True):
+        err = (got.double().cpu() - want).abs().max()
+        # fp32 accuracy, and never worse than the online-LSE step (the euclidean cost at d = 1
+        # loses digits in ‖x‖² + ‖y‖² − 2x·y for both).
+        lse_err = (lse_got.double().cpu() - want).abs().max()
+        assert err <= max(2e-6 * want.abs().max(), 1.5 * lse_err), (float(err), float(lse_err))
+    assert torch.equal(f, f0) and torch.equal(g, g0)  # inputs read, never written
+    # Without the raw outputs the updates are the same numbers.
+    f2, g2, none_f, none_g = plan.symmetric_step(
+        p.X, p.Y, f, g, eps, 0.5, 0.5 * lx, 0.4 * lx, False, "ieee"
+    )
+    assert none_f is None and none_g is None
+    assert torch.equal(f2, out[0]) and torch.equal(g2, out[1])
+
+
+@pytest.mark.parametrize("eps", [0.02, 1e-4])
+def test_out_of_range_plan_falls_back_to_online_lse(device, monkeypatch, eps):
+    """Zero potentials at small eps: every plan entry underflows; the guarded online-LSE step
+    must redo the step, bit for bit."""
+    p = _problem(2, 37, 45, 5, device, seed=3)
+    f, g = torch.zeros_like(p.X.sq), torch.zeros_like(p.Y.sq)
+    out, flag = _plan_with_flag(monkeypatch, p.X, p.Y, f, g, eps, 0.5, 0.5, 0.5, True, "ieee")
+    assert flag == 1
+    want = lse.symmetric_step(p.X, p.Y, f, g, eps, 0.5, 0.5, 0.5, True, "ieee")
+    for got, w in zip(out, want, strict=True):
+        assert torch.isfinite(got).all() and torch.equal(got, w)
+
+
+def test_overflowing_plan_falls_back(device, monkeypatch):
+    """Potentials far above the balanced ones overflow the plan's exps: fallback again."""
+    p = _problem(1, 29, 31, 3, device, seed=4)
+    f, g = _iterate(p, 0.05)
+    f, g = f + 8.0, g + 8.0  # exp(16 / 0.05) overflows fp32
+    out, flag = _plan_with_flag(monkeypatch, p.X, p.Y, f, g, 0.05, 0.5, 0.5, 0.5, False, "ieee")
+    assert flag == 1
+    want = lse.symmetric_step(p.X, p.Y, f, g, 0.05, 0.5, 0.5, 0.5, False, "ieee")
+    assert torch.equal(out[0], want[0]) and torch.equal(out[1], want[1])
+    assert torch.isfinite(out[0]).all()
+
+
+def test_guard_flag_is_reset_every_step(device, monkeypatch):
+    """A raised flag from one step must not make the next (in-range) step fall back."""
+    p = _problem(1, 29, 31, 3, device, seed=5)
+    f, g = torch.zeros_like(p.X.sq), torch.zeros_like(p.Y.sq)
+    _, flag = _plan_with_flag(monkeypatch, p.X, p.Y, f, g, 1e-3, 0.5, 0.5, 0.5, False, "ieee")
+    assert flag == 1
+    f, g = _iterate(p, 0.2)
+    _, flag = _plan_with_flag(monkeypatch, p.X, p.Y, f, g, 0.2, 0.5, 0.5, 0.5, False, "ieee")
+    assert flag == 0
+
+
+@pytest.mark.parametrize("rho", [None, 0.5])
+def test_solve_with_plan_steps_matches_two_sweep_steps(device, monkeypatch, rho):
+    g = torch.Generator().manual_seed(6)
+    x = torch.rand(2, 41, 3, generator=g).to(device)
+    y = torch.rand(2, 35, 3, generator=g).to(device)
+    kw = dict(eps=0.05, n_iters=15, schedule="symmetric", backend="triton", precision="ieee")
+    if rho is not None:
+        kw.update(rho_x=rho, rho_y=rho)
+    with_plan = fs.sinkhorn(x, y, **kw)
+    monkeypatch.setattr(tri_pkg, "USE_PLAN_STEP", False)
+    two_sweeps = fs.sinkhorn(x, y, **kw)
+    for a, b in ((with_plan.f, two_sweeps.f), (with_plan.g, two_sweeps.g)):
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max()
+    ref = fs.sinkhorn(x.double().cpu(), y.double().cpu(), **{**kw, "backend": "torch"})
+    assert (with_plan.value.double().cpu() - ref.value).abs().max() <= 1e-5 * ref.value.abs().max()
+
+
+def test_zero_weights_and_labels_take_the_two_sweep_step(device):
+    """Zero-weight points have zero plan rows and the label table would need one orientation:
+    those problems are not eligible (and solve as before)."""
+    p = _problem(1, 20, 22, 3, device)
+    assert plan.eligible(p.X, p.Y)
+    a = torch.rand(1, 20).to(device)
+    a[0, 3] = 0.0
+    pz = prepare(p.X.x, p.Y.x, a / a.sum(), None, rho_x=None, rho_y=None, precision="ieee")
+    assert not plan.eligible(pz.X, pz.Y)
+    tri = resolve_backend("triton", pz.device, torch.float32)
+    f, g = _iterate(pz, 0.2)
+    got = tri.symmetric_step(pz.X, pz.Y, f, g, 0.2, 0.5, 0.5, 0.5, True, "ieee", warm=True)
+    want = lse.symmetric_step(pz.X, pz.Y, f, g, 0.2, 0.5, 0.5, 0.5, True, "ieee")
+    for u, v in zip(got, want, strict=True):
+        assert torch.equal(u, v)
+    lx = (torch.arange(20, device=device) % 2)[None]
+    ly = (torch.arange(22, device=device) % 2)[None]
+    table = torch.tensor([[0.0, 1.0], [1.0, 0.0]], device=device)
+    pl = prepare(
+        p.X.x, p.Y.x, None, None, rho_x=None, rho_y=None, precision="ieee", labels=(lx, ly, table)
+    )
+    assert not plan.eligible(pl.X, pl.Y)
