@@ -158,3 +158,14 @@ def test_zero_weights_and_labels_take_the_two_sweep_step(device):
         p.X.x, p.Y.x, None, None, rho_x=None, rho_y=None, precision="ieee", labels=(lx, ly, table)
     )
     assert not plan.eligible(pl.X, pl.Y)
+
+
+def test_many_row_blocks(device, monkeypatch):
+    """More x-row blocks than the finishing kernel adds per load (the column-sum partials)."""
+    p = _problem(1, 601, 45, 3, device, seed=7)
+    f, g = _iterate(p, 0.2)
+    out, flag = _plan_with_flag(monkeypatch, p.X, p.Y, f, g, 0.2, 0.5, 0.5, 0.5, True, "ieee")
+    assert flag == 0
+    want = lse.symmetric_step(p.X, p.Y, f, g, 0.2, 0.5, 0.5, 0.5, True, "ieee")
+    for got, w in zip(out, want, strict=True):
+        assert (got - w).abs().max() <= 2e-6 * w.abs().max()

@@ -96,7 +96,7 @@ def plan_config(d: int, half_operands: bool = False) -> LSEConfig:
 @functools.lru_cache(maxsize=256)
 def _plan_config(d: int, half_operands: bool, interp: bool) -> LSEConfig:
     base = _lse_config(d, half_operands, interp)
-    if interp or not half_operands or d > 128:
+    if interp or not half_operands or not 32 < d <= 128:
         return base
     # 128 x 64 tiles, 4 warps: the fastest of seven shapes at 10k and 50k, d = 64 on the H200
     # (bench/results/dev/plan_probe_h200_s17.json, docs/performance.md entry 16).

@@ -110,7 +110,8 @@ def _plan_fwd_kernel(
 @triton.jit
 def _plan_finish_rows(
     P, Sq, Logw, Pot, Out, Raw, Flag, i_b, i_m, n_rows, n_parts, s_part, s_pb, s_vb,
-    eps, alpha, beta, BLOCK: tl.constexpr, WRITE_RAW: tl.constexpr, EUCLID: tl.constexpr,
+    eps, alpha, beta, BLOCK: tl.constexpr, PARTS: tl.constexpr, WRITE_RAW: tl.constexpr,
+    EUCLID: tl.constexpr,
 ):  # fmt: skip
     # Adds the partial sums of one side, checks their range and applies the soft-min epilogue
     # with log2 Σ exp2(z) = log2(sum) − u (u: this side's bias in the plan's exponent).
@@ -119,9 +120,15 @@ def _plan_finish_rows(
     i_b64 = i_b.to(tl.int64)
     o_p = i_b64 * s_pb + o_m
     o_vr = i_b64 * s_vb + o_m
-    b_sum = tl.zeros([BLOCK], tl.float32)
-    for k in range(n_parts):
-        b_sum += tl.load(P + k * s_part + o_p, mask=m_m, other=1.0)
+    # PARTS partials per load: the y side adds one partial per x-row block (hundreds at large
+    # n), and one narrow load per partial left the kernel latency-bound.
+    b_acc = tl.zeros([PARTS, BLOCK], tl.float32)
+    o_k = tl.arange(0, PARTS)
+    for k0 in range(0, n_parts, PARTS):
+        m_k = (k0 + o_k) < n_parts
+        p_k = P + (k0 + o_k).to(tl.int64)[:, None] * s_part + o_p[None, :]
+        b_acc += tl.load(p_k, mask=m_k[:, None] & m_m[None, :], other=0.0)
+    b_sum = tl.sum(b_acc, 0)
     b_u, _ = lse._col_bias(Pot, Sq, Logw, o_vr, m_m, 1.4426950408889634 / eps, EUCLID)
     b_ok = (b_sum >= 5.421010862427522e-20) & (b_sum <= 3.0e38)  # 2^-64; NaN fails both
     b_bad = tl.max((m_m & (b_ok == 0)).to(tl.int32), 0)
@@ -136,7 +143,7 @@ def _plan_finish_kernel(
     Prow, Pcol, Xsq, Ysq, Xlogw, Ylogw, F, G, Fout, Gout, Fraw, Graw, Flag,
     n_x, n_y, n_cb_x, n_parts_x, n_parts_y, s_fb, s_gb, s_prs, s_pcb,
     eps, alpha, beta_x, beta_y,
-    BLOCK: tl.constexpr, WRITE_RAW: tl.constexpr, EUCLID: tl.constexpr,
+    BLOCK: tl.constexpr, PARTS: tl.constexpr, WRITE_RAW: tl.constexpr, EUCLID: tl.constexpr,
 ):  # fmt: skip
     i_m = tl.program_id(0)
     i_b = tl.program_id(1)
@@ -144,17 +151,18 @@ def _plan_finish_kernel(
         # f side: the row sums of the column chunks, [chunks, B, n].
         _plan_finish_rows(
             Prow, Xsq, Xlogw, F, Fout, Fraw, Flag, i_b, i_m, n_x, n_parts_x, s_prs, n_x, s_fb,
-            eps, alpha, beta_x, BLOCK, WRITE_RAW, EUCLID,
+            eps, alpha, beta_x, BLOCK, PARTS, WRITE_RAW, EUCLID,
         )  # fmt: skip
     else:
         # g side: the column sums of every x-row block, [B, row blocks, m].
         _plan_finish_rows(
             Pcol, Ysq, Ylogw, G, Gout, Graw, Flag, i_b, i_m - n_cb_x, n_y, n_parts_y, n_y,
-            s_pcb, s_gb, eps, alpha, beta_y, BLOCK, WRITE_RAW, EUCLID,
+            s_pcb, s_gb, eps, alpha, beta_y, BLOCK, PARTS, WRITE_RAW, EUCLID,
         )  # fmt: skip
 
 
-_FINISH_BLOCK = 256
+_FINISH_BLOCK = 128
+_FINISH_PARTS = 16
 
 
 def eligible(X: Side, Y: Side) -> bool:
@@ -195,7 +203,7 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
         prow, pcol, X.sq, Y.sq, X.logw, Y.logw, f, g, f_new, g_new, f_raw, g_raw, flag,
         n, m, ncx, split, nbx, f.stride(0), g.stride(0), f.numel(), nbx * m,
         float(eps), float(alpha), float(beta_x), float(beta_y),
-        BLOCK=_FINISH_BLOCK, WRITE_RAW=want_raw, EUCLID=euclid, **FP_FUSION,
+        BLOCK=_FINISH_BLOCK, PARTS=_FINISH_PARTS, WRITE_RAW=want_raw, EUCLID=euclid, **FP_FUSION,
     )  # fmt: skip
     # Runs (and overwrites the outputs) only where the flag was raised.
     return lse.symmetric_step(
