@@ -11,7 +11,7 @@ from flashsinkhorn.backends import triton as tri_pkg
 from flashsinkhorn.backends.triton import lse, plan
 from flashsinkhorn.problem import prepare
 
-SHAPES = [(1, 37, 53, 1), (2, 45, 29, 3), (1, 33, 70, 17), (2, 21, 38, 130)]
+SHAPES = [(1, 37, 53, 1), (2, 45, 29, 3), (1, 33, 70, 17), (1, 30, 41, 16), (2, 21, 38, 130)]
 
 
 def _problem(B, n, m, d, device, seed=0, cost="sqeuclidean", rho=None, dtype=torch.float32):

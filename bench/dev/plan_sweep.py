@@ -30,6 +30,9 @@ CONFIGS = [  # (BLOCK_M, BLOCK_N, warps, stages)
     (128, 128, 4, 3),
 ]
 SHAPES = [(1, 10_000, 64), (1, 50_000, 64), (1, 10_000, 128), (1, 40_000, 128), (64, 1024, 3)]
+if os.environ.get("PLAN_SWEEP_QUICK"):  # the shapes' leaders of the first sweep only
+    CONFIGS = [(128, 64, 4, 3), (128, 128, 4, 3), (256, 64, 8, 3), (256, 128, 8, 3)]
+    SHAPES = SHAPES[:4]
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ class TritonBackend(Backend):
     def symmetric_step(
         self, X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, warm=False
     ):  # fmt: skip
-        if warm and USE_PLAN_STEP and plan.eligible(X, Y):
+        if warm and USE_PLAN_STEP and plan.eligible(X, Y) and plan.preferred(X):
             return plan.symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision)
         return lse.symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision)
 
