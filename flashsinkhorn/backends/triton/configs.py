@@ -98,6 +98,10 @@ def _plan_config(d: int, half_operands: bool, interp: bool) -> LSEConfig:
     base = _lse_config(d, half_operands, interp)
     if interp or not half_operands or not 32 < d <= 128:
         return base
-    # 128 x 64 tiles, 4 warps: the fastest of seven shapes at 10k and 50k, d = 64 on the H200
-    # (bench/results/dev/plan_probe_h200_s17.json, docs/performance.md entry 16).
-    return LSEConfig(128, 64, base.block_d, 1, 4, 3)
+    # Fastest or within 3 % of it in the sweep of four shapes on the H200
+    # (bench/results/dev/plan_sweep_h200_s17_run2.json, docs/performance.md entry 16):
+    # d <= 64: 128 x 128 / 4 warps (50k: 20.7 ms per 10 steps, against 22.2 for 128 x 64);
+    # d <= 128: 256 x 128 / 8 warps (10k: 2.35 ms against 4.0 for 128 x 64; 40k: 22.7 / 22.2).
+    if d <= 64:
+        return LSEConfig(128, 128, base.block_d, 1, 4, 3)
+    return LSEConfig(256, 128, base.block_d, 1, 8, 3)
