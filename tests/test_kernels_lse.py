@@ -7,7 +7,7 @@ import flashsinkhorn as fs
 from flashsinkhorn.backends import TorchBackend, resolve_backend
 from flashsinkhorn.problem import prepare
 
-SHAPES = [(1, 37, 53, 1), (2, 45, 29, 3), (1, 33, 70, 17), (2, 21, 38, 130)]
+SHAPES = [(1, 37, 53, 1), (2, 45, 29, 3), (1, 33, 70, 17), (1, 30, 41, 16), (2, 21, 38, 130)]
 
 
 def _problem(B, n, m, d, device, seed=0, precision="ieee", zero_weight=False, rho=None):

@@ -33,6 +33,10 @@ SHAPES = [(1, 10_000, 64), (1, 50_000, 64), (1, 10_000, 128), (1, 40_000, 128), 
 if os.environ.get("PLAN_SWEEP_QUICK"):  # the shapes' leaders of the first sweep only
     CONFIGS = [(128, 64, 4, 3), (128, 128, 4, 3), (256, 64, 8, 3), (256, 128, 8, 3)]
     SHAPES = SHAPES[:4]
+if os.environ.get("PLAN_SWEEP_STAGES"):  # pipeline depth of the adopted tiles
+    CONFIGS = [(128, 128, 4, 2), (128, 128, 4, 4), (256, 128, 8, 2), (256, 128, 8, 4),
+               (128, 64, 4, 4), (128, 256, 8, 3)]  # fmt: skip
+    SHAPES = [SHAPES[1], SHAPES[2], SHAPES[3]]
 
 
 def main() -> None:

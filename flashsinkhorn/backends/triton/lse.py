@@ -240,6 +240,7 @@ def _softmin_rows(
     WRITE_RAW: tl.constexpr,
     EUCLID: tl.constexpr,
     LABELS: tl.constexpr,
+    EVEN_D: tl.constexpr,
 ):
     # Operands may be float16 points divided by a power of two: dot_scale = scale² restores
     # the dot product inside the score FMA.
@@ -251,10 +252,12 @@ def _softmin_rows(
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_m = o_m < n_rows
     o_d = tl.arange(0, BLOCK_D)
+    # EVEN_D (d == BLOCK_D, one feature tile): no feature mask, so the tile loads vectorise.
+    m_dd = (o_d < BLOCK_D) if EVEN_D else (o_d < d)
     p_r = R + i_b64 * s_rb + o_m.to(tl.int64)[:, None] * s_rn + o_d[None, :]
     p_c0 = C + i_b64 * s_cb
     if D_TILES == 1:
-        b_r, b_rl = _load_parts(p_r, m_m[:, None] & (o_d[None, :] < d), d, PRECISION)
+        b_r, b_rl = _load_parts(p_r, m_m[:, None] & m_dd[None, :], d, PRECISION)
     o_vr = i_b64 * s_vrb + o_m
     # Row-side operands of the cost tile, fixed over the column sweep.
     b_rsq = tl.zeros([BLOCK_M], tl.float32)
@@ -276,7 +279,7 @@ def _softmin_rows(
         p_c = p_c0 + o_n.to(tl.int64)[:, None] * s_cn + o_d[None, :]
         b_s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         if D_TILES == 1:
-            b_c, b_cl = _load_parts(p_c, m_n[:, None] & (o_d[None, :] < d), d, PRECISION)
+            b_c, b_cl = _load_parts(p_c, m_n[:, None] & m_dd[None, :], d, PRECISION)
             b_s = _score_dot(b_r, b_rl, b_c, b_cl, b_s, PRECISION)
         else:
             for i_d in range(D_TILES):
@@ -355,6 +358,7 @@ def _softmin_fwd_kernel(
     WRITE_RAW: tl.constexpr,
     EUCLID: tl.constexpr,
     LABELS: tl.constexpr,
+    EVEN_D: tl.constexpr,
 ):
     _softmin_rows(
         R,
@@ -401,6 +405,7 @@ def _softmin_fwd_kernel(
         WRITE_RAW,
         EUCLID,
         LABELS,
+        EVEN_D,
     )
 
 
@@ -458,6 +463,7 @@ def _softmin_sym_kernel(
     WRITE_RAW: tl.constexpr,
     EUCLID: tl.constexpr,
     LABELS: tl.constexpr,
+    EVEN_D: tl.constexpr,
     GUARD: tl.constexpr,
 ):
     # One launch for both half-steps of a symmetric iteration: the first n_blocks_x programs
@@ -517,6 +523,7 @@ def _softmin_sym_kernel(
             WRITE_RAW,
             EUCLID,
             LABELS,
+            EVEN_D,
         )
     else:
         _softmin_rows(
@@ -564,6 +571,7 @@ def _softmin_sym_kernel(
             WRITE_RAW,
             EUCLID,
             LABELS,
+            EVEN_D,
         )
 
 
@@ -898,6 +906,7 @@ def softmin(
         WRITE_RAW=want_raw,
         EUCLID=euclid,
         LABELS=labels,
+        EVEN_D=d == cfg.block_d and cfg.d_tiles == 1,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **FP_FUSION,
@@ -998,6 +1007,7 @@ def symmetric_step(
         WRITE_RAW=want_raw,
         EUCLID=euclid,
         LABELS=labels,
+        EVEN_D=d == cfg.block_d and cfg.d_tiles == 1,
         GUARD=guarded,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
