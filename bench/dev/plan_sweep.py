@@ -1,7 +1,6 @@
 """GPU time of the plan step per tile config (development probe, docs/performance.md entry 16).
 
-CUDA-event time of 10 plan steps from an iterate (each config with and without the
-transposed tiles, ``plan.TRANSPOSED``) (3 two-sweep steps from zero first, so no
+CUDA-event time of 10 plan steps from an iterate (3 two-sweep steps from zero first, so no
 step falls back), against 10 two-sweep online-LSE steps on the same potentials, precision
 "tf32". Prints and writes DIR/plan_sweep.json.
 
@@ -34,10 +33,6 @@ SHAPES = [(1, 10_000, 64), (1, 50_000, 64), (1, 10_000, 128), (1, 40_000, 128), 
 if os.environ.get("PLAN_SWEEP_QUICK"):  # the shapes' leaders of the first sweep only
     CONFIGS = [(128, 64, 4, 3), (128, 128, 4, 3), (256, 64, 8, 3), (256, 128, 8, 3)]
     SHAPES = SHAPES[:4]
-if os.environ.get("PLAN_SWEEP_TRANS"):  # [columns, rows] tiles (plan.TRANSPOSED) vs not
-    CONFIGS = [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 128, 4, 3),
-               (128, 128, 4, 3), (256, 64, 8, 3), (256, 128, 8, 3)]  # fmt: skip
-    SHAPES = [SHAPES[1], SHAPES[0], SHAPES[2], SHAPES[3]]
 if os.environ.get("PLAN_SWEEP_STAGES"):  # pipeline depth of the adopted tiles
     CONFIGS = [(128, 128, 4, 2), (128, 128, 4, 4), (256, 128, 8, 2), (256, 128, 8, 4),
                (128, 64, 4, 4), (128, 256, 8, 3)]  # fmt: skip
@@ -70,9 +65,7 @@ def main() -> None:
         t2 = events_ms(two, 7)
         print(f"B={B} n={n} d={d} two sweeps {t2:.3f} ms / 10 steps", flush=True)
         rows.append(dict(B=B, n=n, d=d, variant="two_sweeps", ms=t2))
-        variants = [(c, t) for c in CONFIGS + [None] for t in (True, False)]
-        for c, trans in variants:
-            plan.TRANSPOSED = trans
+        for c in CONFIGS + [None]:
             if c is None:
                 plan.plan_config = real_cfg
             else:
@@ -90,11 +83,10 @@ def main() -> None:
             except Exception as e:  # noqa: BLE001 - a probe: report and go on
                 t = float("nan")
                 print("failed", c, repr(e)[:160])
-            name = ("rule" if c is None else "x".join(map(str, c))) + (" T" if trans else "")
+            name = "rule" if c is None else "x".join(map(str, c))
             rows.append(dict(B=B, n=n, d=d, variant=f"plan {name}", ms=t))
             print(f"B={B} n={n} d={d} plan {name}: {t:.3f} ms ({t2 / t:.2f}x)", flush=True)
     plan.plan_config = real_cfg
-    plan.TRANSPOSED = True
     with open(os.path.join(args.out, "plan_sweep.json"), "w") as fh:
         json.dump(rows, fh, indent=1)
 

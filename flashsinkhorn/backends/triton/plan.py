@@ -45,50 +45,6 @@ _LOW = 2.0**-64
 _HIGH = 3.0e38
 
 
-@triton.jit
-def _plan_sweep_t(
-    p_r, b_r, b_rl, p_c0, b_u, b_rsq, V, Ysq, p_col, m_m, m_dd, o_d, i_b64,
-    n_y, d, s_yn, s_gb, col_start, col_stop, scale2, inv_eps2, dot_scale, sq_floor,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    D_TILES: tl.constexpr, PRECISION: tl.constexpr, EUCLID: tl.constexpr,
-):  # fmt: skip
-    # The sweep with the tile transposed, [columns, rows]: the column sums become the cheap
-    # reduction (4 lanes share a row of the accumulator layout) and the row sums, whose rows
-    # stay fixed over the sweep, accumulate element-wise and are reduced once at the end,
-    # instead of 8 lanes and the warps per tile for the column sums. Same arithmetic per pair.
-    b_acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-    for start_n in range(col_start, col_stop, BLOCK_N):
-        o_n = start_n + tl.arange(0, BLOCK_N)
-        m_n = o_n < n_y
-        p_c = p_c0 + o_n.to(tl.int64)[:, None] * s_yn + o_d[None, :]
-        b_s = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-        if D_TILES == 1:
-            b_c, b_cl = lse._load_parts(p_c, m_n[:, None] & m_dd[None, :], d, PRECISION)
-            b_s = lse._score_dot(b_c, b_cl, b_r, b_rl, b_s, PRECISION)
-        else:
-            for i_d in range(D_TILES):
-                m_d = (i_d * BLOCK_D + o_d) < d
-                b_rd, b_rdl = lse._load_parts(
-                    p_r + i_d * BLOCK_D, m_m[:, None] & m_d[None, :], d, PRECISION
-                )
-                b_cd, b_cdl = lse._load_parts(
-                    p_c + i_d * BLOCK_D, m_n[:, None] & m_d[None, :], d, PRECISION
-                )
-                b_s = lse._score_dot(b_cd, b_cdl, b_rd, b_rdl, b_s, PRECISION)
-        b_v = tl.load(V + i_b64 * n_y + o_n, mask=m_n, other=float("-inf"))
-        b_csq = b_v
-        if EUCLID:
-            b_csq = tl.load(Ysq + i_b64 * s_gb + o_n, mask=m_n, other=0.0)
-        # _cost_scores with the roles of the axes exchanged (the cost is symmetric in them).
-        b_z, _ = lse._cost_scores(
-            b_s, b_u, b_csq, b_rsq, b_s, scale2, inv_eps2, dot_scale, sq_floor, EUCLID, 0
-        )
-        b_p = tl.exp2(b_z + b_v[:, None])
-        b_acc += b_p
-        tl.store(p_col + o_n, tl.sum(b_p, 1), mask=m_n)
-    return tl.sum(b_acc, 0)
-
-
 @triton.jit(do_not_specialize=_DYNAMIC)
 def _plan_fwd_kernel(
     X, Y, Xsq, Ysq, U, V, Prow, Pcol, Flag,
@@ -97,7 +53,6 @@ def _plan_fwd_kernel(
     eps, dot_scale, sq_floor,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     D_TILES: tl.constexpr, PRECISION: tl.constexpr, EUCLID: tl.constexpr, EVEN_D: tl.constexpr,
-    TRANS: tl.constexpr,
 ):  # fmt: skip
     i_m = tl.program_id(0)
     i_b = tl.program_id(1)
@@ -118,8 +73,6 @@ def _plan_fwd_kernel(
     m_dd = (o_d < BLOCK_D) if EVEN_D else (o_d < d)
     if D_TILES == 1:
         b_r, b_rl = lse._load_parts(p_r, m_m[:, None] & m_dd[None, :], d, PRECISION)
-    else:
-        b_r, b_rl = m_dd, m_dd  # placeholders: the feature chunks are loaded per tile
     # Biases of the plan's exponent (u: rows, v: columns), formed once per step by
     # _plan_bias_kernel: one load per column instead of three and their arithmetic.
     b_u = tl.load(U + i_b64 * n_x + o_m, mask=m_m, other=float("-inf"))
@@ -130,13 +83,6 @@ def _plan_fwd_kernel(
     p_col = Pcol + i_b64 * s_pcb + i_m.to(tl.int64) * n_y
     col_start = i_s * cols_per_split
     col_stop = tl.minimum(col_start + cols_per_split, n_y)
-    if TRANS:
-        b_sum = _plan_sweep_t(
-            p_r, b_r, b_rl, p_c0, b_u, b_rsq, V, Ysq, p_col, m_m, m_dd, o_d, i_b64,
-            n_y, d, s_yn, s_gb, col_start, col_stop, scale2, inv_eps2, dot_scale, sq_floor,
-            BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, EUCLID,
-        )  # fmt: skip
-        col_stop = col_start  # the sweep below is the untransposed one
     for start_n in range(col_start, col_stop, BLOCK_N):
         o_n = start_n + tl.arange(0, BLOCK_N)
         m_n = o_n < n_y
@@ -248,9 +194,6 @@ def _plan_bias_kernel(
         _bias_rows(G, Ysq, Ylogw, V, i_b, i_m - n_cb_x, n_y, s_gb, eps, BLOCK, EUCLID)
 
 
-#: Sweep with [columns, rows] tiles (_plan_sweep_t); probes switch it.
-TRANSPOSED = True
-
 _FINISH_BLOCK = 128
 _FINISH_PARTS = 16
 
@@ -305,7 +248,6 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
         f.numel(), nbx * m, float(eps), float(dot_scale), float(X.sq_floor),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
         PRECISION=prec, EUCLID=euclid, EVEN_D=d == cfg.block_d and cfg.d_tiles == 1,
-        TRANS=TRANSPOSED,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **FP_FUSION,
     )  # fmt: skip
