@@ -409,7 +409,7 @@ def _softmin_fwd_kernel(
     )
 
 
-@triton.jit(do_not_specialize=_DYNAMIC)
+@triton.jit(do_not_specialize=_DYNAMIC + ["guarded"])
 def _softmin_sym_kernel(
     X,
     Y,
@@ -432,6 +432,7 @@ def _softmin_sym_kernel(
     XLc,
     YLc,
     Guard,
+    guarded,
     n_x,
     n_y,
     d,
@@ -464,17 +465,17 @@ def _softmin_sym_kernel(
     EUCLID: tl.constexpr,
     LABELS: tl.constexpr,
     EVEN_D: tl.constexpr,
-    GUARD: tl.constexpr,
 ):
     # One launch for both half-steps of a symmetric iteration: the first n_blocks_x programs
-    # update f from the old g, the rest update g from the old f. GUARD: the fallback of the plan
-    # step (plan.py), which does nothing unless the int32 at Guard is non-zero.
+    # update f from the old g, the rest update g from the old f. guarded != 0: the fallback of
+    # the plan step (plan.py), which does nothing unless the float flag at Guard is non-zero (a
+    # run-time argument, so that the fallback reuses the compiled two-sweep kernel).
     i_m = tl.program_id(0)
     i_b = tl.program_id(1)
     i_s = tl.program_id(2)
     run = True
-    if GUARD:
-        run = tl.load(Guard) != 0
+    if guarded != 0:
+        run = tl.load(Guard) != 0.0
     if not run:
         pass
     elif i_m < n_blocks_x:
@@ -612,7 +613,7 @@ def _combine_rows(
     )
 
 
-@triton.jit(do_not_specialize=_DYNAMIC)
+@triton.jit(do_not_specialize=_DYNAMIC + ["guarded"])
 def _lse_combine_kernel(
     PFmax,
     PFsum,
@@ -627,6 +628,7 @@ def _lse_combine_kernel(
     Gout,
     Graw,
     Guard,
+    guarded,
     n_x,
     n_y,
     n_blocks_x,
@@ -642,15 +644,14 @@ def _lse_combine_kernel(
     BLOCK: tl.constexpr,
     WRITE_RAW: tl.constexpr,
     EUCLID: tl.constexpr,
-    GUARD: tl.constexpr,
 ):
-    # Merges the per-chunk (max, sum) of a split sweep; one launch serves both sides. GUARD: as
-    # in _softmin_sym_kernel.
+    # Merges the per-chunk (max, sum) of a split sweep; one launch serves both sides.
+    # guarded: as in _softmin_sym_kernel.
     i_m = tl.program_id(0)
     i_b = tl.program_id(1)
     run = True
-    if GUARD:
-        run = tl.load(Guard) != 0
+    if guarded != 0:
+        run = tl.load(Guard) != 0.0
     if not run:
         pass
     elif i_m < n_blocks_x:
@@ -743,9 +744,9 @@ def combine_one_side(
     # The y-side slots repeat the x side; n_blocks_x = nb routes every program to it.
     args = (pmax, psum, sq, old, out, raw)
     _lse_combine_kernel[(nb, B)](
-        *args, *args, sq, n, n, nb, split, sq.stride(0), sq.stride(0), B * n, B * n,
+        *args, *args, sq, 0, n, n, nb, split, sq.stride(0), sq.stride(0), B * n, B * n,
         float(eps), float(alpha), float(beta), float(beta),
-        BLOCK=_COMBINE_BLOCK, WRITE_RAW=want_raw, EUCLID=euclid, GUARD=False, **FP_FUSION,
+        BLOCK=_COMBINE_BLOCK, WRITE_RAW=want_raw, EUCLID=euclid, **FP_FUSION,
     )  # fmt: skip
 
 
@@ -935,7 +936,7 @@ def symmetric_step(
     when the columns are split).
 
     ``out``: the four output tensors of :func:`step_outputs` to write (default: new ones).
-    ``guard``: an int32 device flag; the launches then do nothing unless it is non-zero (the
+    ``guard``: a float32 device flag; the launches then do nothing unless it is non-zero (the
     fallback of the plan step, plan.py).
     """
     B, n, d = X.x.shape
@@ -943,8 +944,8 @@ def symmetric_step(
     xx, xy, dot_scale, precision = operands(X, Y, precision)
     cfg = lse_config(d, _half(xx, precision))
     f_new, g_new, f_raw, g_raw = step_outputs(f, g, want_raw) if out is None else out
-    guarded = guard is not None
-    guard = guard if guarded else f
+    guarded = 0 if guard is None else 1
+    guard = f if guard is None else guard
     n_blocks_x = cdiv(n, cfg.block_m)
     n_blocks = n_blocks_x + cdiv(m, cfg.block_m)
     split = split_count(n_blocks * B, min(n, m), cfg.block_n, X.x.device)
@@ -976,6 +977,7 @@ def symmetric_step(
         xlc,
         ylc,
         guard,
+        guarded,
         n,
         m,
         d,
@@ -1008,7 +1010,6 @@ def symmetric_step(
         EUCLID=euclid,
         LABELS=labels,
         EVEN_D=d == cfg.block_d and cfg.d_tiles == 1,
-        GUARD=guarded,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **FP_FUSION,
@@ -1030,6 +1031,7 @@ def symmetric_step(
             g_new,
             g_raw,
             guard,
+            guarded,
             n,
             m,
             nbx,
@@ -1045,7 +1047,6 @@ def symmetric_step(
             BLOCK=_COMBINE_BLOCK,
             WRITE_RAW=want_raw,
             EUCLID=euclid,
-            GUARD=guarded,
             **FP_FUSION,
         )
     if want_raw:

@@ -60,7 +60,7 @@ def _plan_fwd_kernel(
     if (i_m == 0) & (i_b == 0) & (i_s == 0):
         # Reset for this step's finishing kernel; stream order puts it after the previous
         # step's guarded launches and before this step's checks.
-        tl.store(Flag, 0)
+        tl.store(Flag, 0.0)
     scale2 = 2.0 * 1.4426950408889634 * dot_scale / eps
     inv_eps2 = 1.4426950408889634 / eps
     i_b64 = i_b.to(tl.int64)
@@ -140,7 +140,7 @@ def _plan_finish_rows(
     b_u = tl.load(Bias + i_b64 * n_rows + o_m, mask=m_m, other=0.0)
     b_ok = (b_sum >= 5.421010862427522e-20) & (b_sum <= 3.0e38)  # 2^-64; NaN fails both
     b_bad = tl.max((m_m & (b_ok == 0)).to(tl.int32), 0)
-    tl.store(Flag, 1, mask=b_bad > 0)
+    tl.store(Flag, 1.0, mask=b_bad > 0)
     lse._softmin_epilogue_cost(
         -b_u, b_sum, Sq, Pot, Out, Raw, o_vr, m_m, eps, alpha, beta, WRITE_RAW, EUCLID
     )
@@ -231,7 +231,7 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
     split = cdiv(m, cps)
     prow = torch.empty((split,) + tuple(f.shape), dtype=torch.float32, device=f.device)
     pcol = torch.empty((B, nbx, m), dtype=torch.float32, device=f.device)
-    flag = torch.empty(1, dtype=torch.int32, device=f.device)
+    flag = torch.empty(1, dtype=torch.float32, device=f.device)
     euclid = X.cost == "euclidean"
     u = torch.empty((B, n), dtype=torch.float32, device=f.device)
     v = torch.empty((B, m), dtype=torch.float32, device=f.device)
