@@ -4,7 +4,8 @@ From the same (f, g), the plan π_ij = a_i b_j exp((f_i + g_j − C_ij)/eps) giv
 through its row and column sums r, c: T(g)_i = f_i − eps ln(r_i / a_i) and
 T(f)_j = g_j − eps ln(c_j / b_j). One sweep over x-row blocks forms each x·yᵀ tile and its exps
 once (the online-LSE step does both twice); the row sums stay in registers, the column sums of
-every tile go to a [row blocks, m] buffer that the finishing kernel adds up. There is no
+every tile are added into one row per group of row blocks ([groups ≤ SMs, m]), which the
+finishing kernel adds up. There is no
 running max: the sums are only trusted in [2^-64, 3e38], which holds once (f, g) is an iterate
 of the loop. Outside that range a device flag makes the guarded online-LSE launch redo the
 step (no host synchronisation either way). Derivation and range argument: docs/kernels.md.
@@ -27,6 +28,7 @@ _DYNAMIC = [
     "n_rows",
     "cols_per_split",
     "n_blocks_x",
+    "n_groups",
     "n_cb_x",
     "n_parts_x",
     "n_parts_y",
@@ -45,25 +47,16 @@ _LOW = 2.0**-64
 _HIGH = 3.0e38
 
 
-@triton.jit(do_not_specialize=_DYNAMIC)
-def _plan_fwd_kernel(
-    X, Y, Xsq, Ysq, U, V, Prow, Pcol, Flag,
-    n_x, n_y, d, cols_per_split, n_blocks_x,
-    s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs, s_pcb,
-    eps, dot_scale, sq_floor,
+@triton.jit
+def _plan_rows(
+    X, Y, Xsq, Ysq, U, V, Prow, p_col, i_b64, i_m, i_s, i_first,
+    n_x, n_y, d, cols_per_split, s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs,
+    scale2, inv_eps2, dot_scale, sq_floor,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     D_TILES: tl.constexpr, PRECISION: tl.constexpr, EUCLID: tl.constexpr, EVEN_D: tl.constexpr,
 ):  # fmt: skip
-    i_m = tl.program_id(0)
-    i_b = tl.program_id(1)
-    i_s = tl.program_id(2)
-    if (i_m == 0) & (i_b == 0) & (i_s == 0):
-        # Reset for this step's finishing kernel; stream order puts it after the previous
-        # step's guarded launches and before this step's checks.
-        tl.store(Flag, 0.0)
-    scale2 = 2.0 * 1.4426950408889634 * dot_scale / eps
-    inv_eps2 = 1.4426950408889634 / eps
-    i_b64 = i_b.to(tl.int64)
+    # One x-row block against one column chunk: its row sums to Prow, its column sums added to
+    # the group's row of the column partials (written when i_m is the group's first block).
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_m = o_m < n_x
     o_d = tl.arange(0, BLOCK_D)
@@ -80,7 +73,6 @@ def _plan_fwd_kernel(
     if EUCLID:
         b_rsq = tl.load(Xsq + i_b64 * s_fb + o_m, mask=m_m, other=0.0)
     b_sum = tl.zeros([BLOCK_M], tl.float32)
-    p_col = Pcol + i_b64 * s_pcb + i_m.to(tl.int64) * n_y
     col_start = i_s * cols_per_split
     col_stop = tl.minimum(col_start + cols_per_split, n_y)
     for start_n in range(col_start, col_stop, BLOCK_N):
@@ -111,8 +103,46 @@ def _plan_fwd_kernel(
         # Masked rows and columns carry a -inf bias: their plan entries are exactly 0.
         b_p = tl.exp2(b_z + b_u[:, None])
         b_sum += tl.sum(b_p, 1)
-        tl.store(p_col + o_n, tl.sum(b_p, 0), mask=m_n)
+        # The load is masked off for the group's first row block (no traffic then).
+        m_old = m_n & ((tl.zeros([BLOCK_N], tl.int32) + i_m) != i_first)
+        b_old = tl.load(p_col + o_n, mask=m_old, other=0.0)
+        tl.store(p_col + o_n, b_old + tl.sum(b_p, 0), mask=m_n)
     tl.store(Prow + i_s * s_prs + i_b64 * n_x + o_m, b_sum, mask=m_m)
+
+
+@triton.jit(do_not_specialize=_DYNAMIC)
+def _plan_fwd_kernel(
+    X, Y, Xsq, Ysq, U, V, Prow, Pcol, Flag,
+    n_x, n_y, d, cols_per_split, n_blocks_x, n_groups,
+    s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs, s_pcb,
+    eps, dot_scale, sq_floor,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    D_TILES: tl.constexpr, PRECISION: tl.constexpr, EUCLID: tl.constexpr, EVEN_D: tl.constexpr,
+):  # fmt: skip
+    # Program (i_g, i_b, i_s) sweeps column chunk i_s for the x-row blocks i_g, i_g + n_groups,
+    # ...: the column partials need one row per group, not per row block, which keeps them
+    # O(SMs · m) instead of O(n · m / BLOCK_M).
+    i_g = tl.program_id(0)
+    i_b = tl.program_id(1)
+    i_s = tl.program_id(2)
+    if (i_g == 0) & (i_b == 0) & (i_s == 0):
+        # Reset for this step's finishing kernel; stream order puts it after the previous
+        # step's guarded launches and before this step's checks.
+        tl.store(Flag, 0.0)
+    scale2 = 2.0 * 1.4426950408889634 * dot_scale / eps
+    inv_eps2 = 1.4426950408889634 / eps
+    i_b64 = i_b.to(tl.int64)
+    p_col = Pcol + i_b64 * s_pcb + i_g.to(tl.int64) * n_y
+    for i_m in range(i_g, n_blocks_x, n_groups):
+        # The previous row block's column stores must be visible to every thread that reads
+        # them back (the reduced vector's owner may differ between loads and stores).
+        tl.debug_barrier()
+        _plan_rows(
+            X, Y, Xsq, Ysq, U, V, Prow, p_col, i_b64, i_m, i_s, i_g,
+            n_x, n_y, d, cols_per_split, s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs,
+            scale2, inv_eps2, dot_scale, sq_floor,
+            BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, EUCLID, EVEN_D,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -162,7 +192,7 @@ def _plan_finish_kernel(
             eps, alpha, beta_x, BLOCK, PARTS, WRITE_RAW, EUCLID,
         )  # fmt: skip
     else:
-        # g side: the column sums of every x-row block, [B, row blocks, m].
+        # g side: the column sums of every row-block group, [B, groups, m].
         _plan_finish_rows(
             Pcol, Ysq, V, G, Gout, Graw, Flag, i_b, i_m - n_cb_x, n_y, n_parts_y, n_y,
             s_pcb, s_gb, eps, alpha, beta_y, BLOCK, PARTS, WRITE_RAW, EUCLID,
@@ -226,11 +256,14 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
     out = lse.step_outputs(f, g, want_raw)
     f_new, g_new, f_raw, g_raw = out
     nbx = cdiv(n, cfg.block_m)
-    split = lse.split_count(nbx * B, m, cfg.block_n, X.x.device)
+    # Row-block groups: at most one per SM per problem (each group owns one row of column
+    # partials), the columns split as for the soft-min so that the grid fills the GPU.
+    groups = min(nbx, lse._sm_count(X.x.device))
+    split = lse.split_count(groups * B, m, cfg.block_n, X.x.device)
     cps = lse._chunk(m, split, cfg.block_n)
     split = cdiv(m, cps)
     prow = torch.empty((split,) + tuple(f.shape), dtype=torch.float32, device=f.device)
-    pcol = torch.empty((B, nbx, m), dtype=torch.float32, device=f.device)
+    pcol = torch.empty((B, groups, m), dtype=torch.float32, device=f.device)
     flag = torch.empty(1, dtype=torch.float32, device=f.device)
     euclid = X.cost == "euclidean"
     u = torch.empty((B, n), dtype=torch.float32, device=f.device)
@@ -241,11 +274,11 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
         X.sq, Y.sq, X.logw, Y.logw, f, g, u, v, n, m, ncx, f.stride(0), g.stride(0), float(eps),
         BLOCK=_FINISH_BLOCK, EUCLID=euclid, **FP_FUSION,
     )  # fmt: skip
-    _plan_fwd_kernel[(nbx, B, split)](
+    _plan_fwd_kernel[(groups, B, split)](
         xx, xy, X.sq, Y.sq, u, v, prow, pcol, flag,
-        n, m, d, cps, nbx,
+        n, m, d, cps, nbx, groups,
         xx.stride(0), xx.stride(1), xy.stride(0), xy.stride(1), f.stride(0), g.stride(0),
-        f.numel(), nbx * m, float(eps), float(dot_scale), float(X.sq_floor),
+        f.numel(), groups * m, float(eps), float(dot_scale), float(X.sq_floor),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
         PRECISION=prec, EUCLID=euclid, EVEN_D=d == cfg.block_d and cfg.d_tiles == 1,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -253,7 +286,7 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
     )  # fmt: skip
     _plan_finish_kernel[grid](
         prow, pcol, X.sq, Y.sq, u, v, f, g, f_new, g_new, f_raw, g_raw, flag,
-        n, m, ncx, split, nbx, f.stride(0), g.stride(0), f.numel(), nbx * m,
+        n, m, ncx, split, groups, f.stride(0), g.stride(0), f.numel(), groups * m,
         float(eps), float(alpha), float(beta_x), float(beta_y),
         BLOCK=_FINISH_BLOCK, PARTS=_FINISH_PARTS, WRITE_RAW=want_raw, EUCLID=euclid, **FP_FUSION,
     )  # fmt: skip
