@@ -33,6 +33,10 @@ SHAPES = [(1, 10_000, 64), (1, 50_000, 64), (1, 10_000, 128), (1, 40_000, 128), 
 if os.environ.get("PLAN_SWEEP_QUICK"):  # the shapes' leaders of the first sweep only
     CONFIGS = [(128, 64, 4, 3), (128, 128, 4, 3), (256, 64, 8, 3), (256, 128, 8, 3)]
     SHAPES = SHAPES[:4]
+GROUPS = [int(v) for v in os.environ.get("PLAN_SWEEP_GROUPS", "").split(",") if v]
+if GROUPS:  # row-block groups per SM (plan.GROUPS_PER_SM), the adopted tiles only
+    CONFIGS = []
+    SHAPES = [SHAPES[1], SHAPES[3], SHAPES[2]]
 if os.environ.get("PLAN_SWEEP_STAGES"):  # pipeline depth of the adopted tiles
     CONFIGS = [(128, 128, 4, 2), (128, 128, 4, 4), (256, 128, 8, 2), (256, 128, 8, 4),
                (128, 64, 4, 4), (128, 256, 8, 3)]  # fmt: skip
@@ -65,7 +69,9 @@ def main() -> None:
         t2 = events_ms(two, 7)
         print(f"B={B} n={n} d={d} two sweeps {t2:.3f} ms / 10 steps", flush=True)
         rows.append(dict(B=B, n=n, d=d, variant="two_sweeps", ms=t2))
-        for c in CONFIGS + [None]:
+        for c, gps in [(c, None) for c in CONFIGS] + [(None, gp) for gp in GROUPS or [None]]:
+            if gps is not None:
+                plan.GROUPS_PER_SM = gps
             if c is None:
                 plan.plan_config = real_cfg
             else:
@@ -84,6 +90,7 @@ def main() -> None:
                 t = float("nan")
                 print("failed", c, repr(e)[:160])
             name = "rule" if c is None else "x".join(map(str, c))
+            name += f" groups/SM {plan.GROUPS_PER_SM}"
             rows.append(dict(B=B, n=n, d=d, variant=f"plan {name}", ms=t))
             print(f"B={B} n={n} d={d} plan {name}: {t:.3f} ms ({t2 / t:.2f}x)", flush=True)
     plan.plan_config = real_cfg

@@ -79,6 +79,10 @@ def _plan_rows(
         o_n = start_n + tl.arange(0, BLOCK_N)
         m_n = o_n < n_y
         p_c = p_c0 + o_n.to(tl.int64)[:, None] * s_yn + o_d[None, :]
+        # The group's running column sums, read before the dot so that the load's latency
+        # hides behind it; masked off for the group's first row block (no traffic then).
+        m_old = m_n & ((tl.zeros([BLOCK_N], tl.int32) + i_m) != i_first)
+        b_old = tl.load(p_col + o_n, mask=m_old, other=0.0)
         b_s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         if D_TILES == 1:
             b_c, b_cl = lse._load_parts(p_c, m_n[:, None] & m_dd[None, :], d, PRECISION)
@@ -103,9 +107,6 @@ def _plan_rows(
         # Masked rows and columns carry a -inf bias: their plan entries are exactly 0.
         b_p = tl.exp2(b_z + b_u[:, None])
         b_sum += tl.sum(b_p, 1)
-        # The load is masked off for the group's first row block (no traffic then).
-        m_old = m_n & ((tl.zeros([BLOCK_N], tl.int32) + i_m) != i_first)
-        b_old = tl.load(p_col + o_n, mask=m_old, other=0.0)
         tl.store(p_col + o_n, b_old + tl.sum(b_p, 0), mask=m_n)
     tl.store(Prow + i_s * s_prs + i_b64 * n_x + o_m, b_sum, mask=m_m)
 
@@ -224,6 +225,9 @@ def _plan_bias_kernel(
         _bias_rows(G, Ysq, Ylogw, V, i_b, i_m - n_cb_x, n_y, s_gb, eps, BLOCK, EUCLID)
 
 
+#: Row-block groups per SM (each holds one row of column partials, B · groups · m floats).
+GROUPS_PER_SM = 1
+
 _FINISH_BLOCK = 128
 _FINISH_PARTS = 16
 
@@ -256,9 +260,9 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
     out = lse.step_outputs(f, g, want_raw)
     f_new, g_new, f_raw, g_raw = out
     nbx = cdiv(n, cfg.block_m)
-    # Row-block groups: at most one per SM per problem (each group owns one row of column
-    # partials), the columns split as for the soft-min so that the grid fills the GPU.
-    groups = min(nbx, lse._sm_count(X.x.device))
+    # Row-block groups: at most GROUPS_PER_SM per SM per problem (each group owns one row of
+    # column partials), the columns split as for the soft-min so that the grid fills the GPU.
+    groups = min(nbx, GROUPS_PER_SM * lse._sm_count(X.x.device))
     split = lse.split_count(groups * B, m, cfg.block_n, X.x.device)
     cps = lse._chunk(m, split, cfg.block_n)
     split = cdiv(m, cps)
