@@ -54,6 +54,7 @@ def _plan_rows(
     scale2, inv_eps2, dot_scale, sq_floor,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     D_TILES: tl.constexpr, PRECISION: tl.constexpr, EUCLID: tl.constexpr, EVEN_D: tl.constexpr,
+    ACCUM: tl.constexpr,
 ):  # fmt: skip
     # One x-row block against one column chunk: its row sums to Prow, its column sums added to
     # the group's row of the column partials (written when i_m is the group's first block).
@@ -81,8 +82,10 @@ def _plan_rows(
         p_c = p_c0 + o_n.to(tl.int64)[:, None] * s_yn + o_d[None, :]
         # The group's running column sums, read before the dot so that the load's latency
         # hides behind it; masked off for the group's first row block (no traffic then).
-        m_old = m_n & ((tl.zeros([BLOCK_N], tl.int32) + i_m) != i_first)
-        b_old = tl.load(p_col + o_n, mask=m_old, other=0.0)
+        b_old = tl.zeros([BLOCK_N], tl.float32)
+        if ACCUM:
+            m_old = m_n & ((tl.zeros([BLOCK_N], tl.int32) + i_m) != i_first)
+            b_old = tl.load(p_col + o_n, mask=m_old, other=0.0)
         b_s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         if D_TILES == 1:
             b_c, b_cl = lse._load_parts(p_c, m_n[:, None] & m_dd[None, :], d, PRECISION)
@@ -107,7 +110,10 @@ def _plan_rows(
         # Masked rows and columns carry a -inf bias: their plan entries are exactly 0.
         b_p = tl.exp2(b_z + b_u[:, None])
         b_sum += tl.sum(b_p, 1)
-        tl.store(p_col + o_n, b_old + tl.sum(b_p, 0), mask=m_n)
+        b_col = tl.sum(b_p, 0)
+        if ACCUM:
+            b_col += b_old
+        tl.store(p_col + o_n, b_col, mask=m_n)
     tl.store(Prow + i_s * s_prs + i_b64 * n_x + o_m, b_sum, mask=m_m)
 
 
@@ -119,6 +125,7 @@ def _plan_fwd_kernel(
     eps, dot_scale, sq_floor,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     D_TILES: tl.constexpr, PRECISION: tl.constexpr, EUCLID: tl.constexpr, EVEN_D: tl.constexpr,
+    GROUPED: tl.constexpr,
 ):  # fmt: skip
     # Program (i_g, i_b, i_s) sweeps column chunk i_s for the x-row blocks i_g, i_g + n_groups,
     # ...: the column partials need one row per group, not per row block, which keeps them
@@ -134,15 +141,25 @@ def _plan_fwd_kernel(
     inv_eps2 = 1.4426950408889634 / eps
     i_b64 = i_b.to(tl.int64)
     p_col = Pcol + i_b64 * s_pcb + i_g.to(tl.int64) * n_y
-    for i_m in range(i_g, n_blocks_x, n_groups):
-        # The previous row block's column stores must be visible to every thread that reads
-        # them back (the reduced vector's owner may differ between loads and stores).
-        tl.debug_barrier()
+    if GROUPED:
+        for i_m in range(i_g, n_blocks_x, n_groups):
+            # The previous row block's column stores must be visible to every thread that
+            # reads them back (the reduced vector's owner may differ between loads and stores).
+            tl.debug_barrier()
+            _plan_rows(
+                X, Y, Xsq, Ysq, U, V, Prow, p_col, i_b64, i_m, i_s, i_g,
+                n_x, n_y, d, cols_per_split, s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs,
+                scale2, inv_eps2, dot_scale, sq_floor,
+                BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, EUCLID, EVEN_D, True,
+            )  # fmt: skip
+    else:
+        # One row block per group: the loop nest and the running sums cost ~10 % at 50k
+        # (bench/results/dev/plan_sweep_h200_s17_groups2.json).
         _plan_rows(
-            X, Y, Xsq, Ysq, U, V, Prow, p_col, i_b64, i_m, i_s, i_g,
+            X, Y, Xsq, Ysq, U, V, Prow, p_col, i_b64, i_g, i_s, i_g,
             n_x, n_y, d, cols_per_split, s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs,
             scale2, inv_eps2, dot_scale, sq_floor,
-            BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, EUCLID, EVEN_D,
+            BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, EUCLID, EVEN_D, False,
         )  # fmt: skip
 
 
@@ -226,7 +243,8 @@ def _plan_bias_kernel(
 
 
 #: Row-block groups per SM (each holds one row of column partials, B · groups · m floats).
-GROUPS_PER_SM = 1
+#: With no more row blocks than that, every block is its own group (GROUPED=False).
+GROUPS_PER_SM = 4
 
 _FINISH_BLOCK = 128
 _FINISH_PARTS = 16
@@ -263,6 +281,7 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
     # Row-block groups: at most GROUPS_PER_SM per SM per problem (each group owns one row of
     # column partials), the columns split as for the soft-min so that the grid fills the GPU.
     groups = min(nbx, GROUPS_PER_SM * lse._sm_count(X.x.device))
+    grouped = groups < nbx
     split = lse.split_count(groups * B, m, cfg.block_n, X.x.device)
     cps = lse._chunk(m, split, cfg.block_n)
     split = cdiv(m, cps)
@@ -285,6 +304,7 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
         f.numel(), groups * m, float(eps), float(dot_scale), float(X.sq_floor),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
         PRECISION=prec, EUCLID=euclid, EVEN_D=d == cfg.block_d and cfg.d_tiles == 1,
+        GROUPED=grouped,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **FP_FUSION,
     )  # fmt: skip
