@@ -4,11 +4,11 @@ From the same (f, g), the plan π_ij = a_i b_j exp((f_i + g_j − C_ij)/eps) giv
 through its row and column sums r, c: T(g)_i = f_i − eps ln(r_i / a_i) and
 T(f)_j = g_j − eps ln(c_j / b_j). One sweep over x-row blocks forms each x·yᵀ tile and its exps
 once (the online-LSE step does both twice); the row sums stay in registers, the column sums of
-every tile are added into one row per group of row blocks ([groups ≤ SMs, m]), which the
-finishing kernel adds up. There is no
-running max: the sums are only trusted in [2^-64, 3e38], which holds once (f, g) is an iterate
-of the loop. Outside that range a device flag makes the guarded online-LSE launch redo the
-step (no host synchronisation either way). Derivation and range argument: docs/kernels.md.
+every tile go to one row per row block, or per group of row blocks past 4 per SM
+([≤ 4·SMs, m]), which the finishing kernel adds up. There is no running max: the sums are
+only trusted in [2^-64, 3e38], which holds once (f, g) is an iterate of the loop. Outside that
+range a device flag makes the guarded online-LSE launch redo the step (no host
+synchronisation either way). Derivation and range argument: docs/kernels.md.
 """
 
 from __future__ import annotations
