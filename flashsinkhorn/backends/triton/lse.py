@@ -79,6 +79,34 @@ def _score_dot(b_r, b_rl, b_c, b_cl, b_acc, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _score_tile(
+    p_r, p_c, m_m, m_n, m_dd, b_r, b_rl, o_d, d,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    D_TILES: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    # x_I · y_Jᵀ for one tile, shared by the soft-min, plan and transport sweeps. D_TILES == 1:
+    # the row tile (b_r, and its low part b_rl for "f16x3") is already on chip and m_dd is the
+    # feature mask of the column tile; otherwise the features come in BLOCK_D chunks. Also
+    # returns the column tile (a placeholder with D_TILES > 1).
+    b_s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    if D_TILES == 1:
+        b_c, b_cl = _load_parts(p_c, m_n[:, None] & m_dd[None, :], d, PRECISION)
+        b_s = _score_dot(b_r, b_rl, b_c, b_cl, b_s, PRECISION)
+    else:
+        b_c = tl.zeros([BLOCK_N, BLOCK_D], p_c.dtype.element_ty)
+        for i_d in range(D_TILES):
+            m_d = (i_d * BLOCK_D + o_d) < d
+            b_rd, b_rdl = _load_parts(
+                p_r + i_d * BLOCK_D, m_m[:, None] & m_d[None, :], d, PRECISION
+            )
+            b_cd, b_cdl = _load_parts(
+                p_c + i_d * BLOCK_D, m_n[:, None] & m_d[None, :], d, PRECISION
+            )
+            b_s = _score_dot(b_rd, b_rdl, b_cd, b_cdl, b_s, PRECISION)
+    return b_s, b_c
+
+
+@triton.jit
 def _col_bias(Cpot, Csq, Clogw, o_vc, m_n, inv_eps2, EUCLID: tl.constexpr):
     # Base-2 column bias h_j and the column squared norms. Squared Euclidean (shifted form):
     # h_j = (p_j − ‖c_j‖²) log2e / eps + log2 w_j; euclidean: h_j = p_j log2e / eps + log2 w_j.
@@ -256,6 +284,8 @@ def _softmin_rows(
     m_dd = (o_d < BLOCK_D) if EVEN_D else (o_d < d)
     p_r = R + i_b64 * s_rb + o_m.to(tl.int64)[:, None] * s_rn + o_d[None, :]
     p_c0 = C + i_b64 * s_cb
+    b_r = tl.zeros([BLOCK_M, BLOCK_D], R.dtype.element_ty)  # placeholder when D_TILES > 1
+    b_rl = b_r
     if D_TILES == 1:
         b_r, b_rl = _load_parts(p_r, m_m[:, None] & m_dd[None, :], d, PRECISION)
     o_vr = i_b64 * s_vrb + o_m
@@ -277,20 +307,22 @@ def _softmin_rows(
         o_n = start_n + tl.arange(0, BLOCK_N)
         m_n = o_n < n_cols
         p_c = p_c0 + o_n.to(tl.int64)[:, None] * s_cn + o_d[None, :]
-        b_s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        if D_TILES == 1:
-            b_c, b_cl = _load_parts(p_c, m_n[:, None] & m_dd[None, :], d, PRECISION)
-            b_s = _score_dot(b_r, b_rl, b_c, b_cl, b_s, PRECISION)
-        else:
-            for i_d in range(D_TILES):
-                m_d = (i_d * BLOCK_D + o_d) < d
-                b_rd, b_rdl = _load_parts(
-                    p_r + i_d * BLOCK_D, m_m[:, None] & m_d[None, :], d, PRECISION
-                )
-                b_cd, b_cdl = _load_parts(
-                    p_c + i_d * BLOCK_D, m_n[:, None] & m_d[None, :], d, PRECISION
-                )
-                b_s = _score_dot(b_rd, b_rdl, b_cd, b_cdl, b_s, PRECISION)
+        b_s, _ = _score_tile(
+            p_r,
+            p_c,
+            m_m,
+            m_n,
+            m_dd,
+            b_r,
+            b_rl,
+            o_d,
+            d,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_D,
+            D_TILES,
+            PRECISION,
+        )
         o_vc = i_b64 * s_vcb + o_n
         b_h, b_csq = _col_bias(Cpot, Csq, Clogw, o_vc, m_n, inv_eps2, EUCLID)
         b_lab = b_s

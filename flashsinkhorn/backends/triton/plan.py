@@ -65,6 +65,8 @@ def _plan_rows(
     p_c0 = Y + i_b64 * s_yb
     # EVEN_D (d == BLOCK_D): no feature mask, so the tile loads stay vectorised.
     m_dd = (o_d < BLOCK_D) if EVEN_D else (o_d < d)
+    b_r = tl.zeros([BLOCK_M, BLOCK_D], X.dtype.element_ty)  # placeholder when D_TILES > 1
+    b_rl = b_r
     if D_TILES == 1:
         b_r, b_rl = lse._load_parts(p_r, m_m[:, None] & m_dd[None, :], d, PRECISION)
     # Biases of the plan's exponent (u: rows, v: columns), formed once per step by
@@ -86,20 +88,22 @@ def _plan_rows(
         if ACCUM:
             m_old = m_n & ((tl.zeros([BLOCK_N], tl.int32) + i_m) != i_first)
             b_old = tl.load(p_col + o_n, mask=m_old, other=0.0)
-        b_s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        if D_TILES == 1:
-            b_c, b_cl = lse._load_parts(p_c, m_n[:, None] & m_dd[None, :], d, PRECISION)
-            b_s = lse._score_dot(b_r, b_rl, b_c, b_cl, b_s, PRECISION)
-        else:
-            for i_d in range(D_TILES):
-                m_d = (i_d * BLOCK_D + o_d) < d
-                b_rd, b_rdl = lse._load_parts(
-                    p_r + i_d * BLOCK_D, m_m[:, None] & m_d[None, :], d, PRECISION
-                )
-                b_cd, b_cdl = lse._load_parts(
-                    p_c + i_d * BLOCK_D, m_n[:, None] & m_d[None, :], d, PRECISION
-                )
-                b_s = lse._score_dot(b_rd, b_rdl, b_cd, b_cdl, b_s, PRECISION)
+        b_s, _ = lse._score_tile(
+            p_r,
+            p_c,
+            m_m,
+            m_n,
+            m_dd,
+            b_r,
+            b_rl,
+            o_d,
+            d,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_D,
+            D_TILES,
+            PRECISION,
+        )
         b_v = tl.load(V + i_b64 * n_y + o_n, mask=m_n, other=float("-inf"))
         b_csq = b_v
         if EUCLID:

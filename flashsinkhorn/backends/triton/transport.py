@@ -35,7 +35,7 @@ from .lse import (
     _label_tile,
     _load_parts,
     _online_lse,
-    _score_dot,
+    _score_tile,
     cost_args,
     operands,
     plan_split,
@@ -108,28 +108,6 @@ def transport_config(d: int, p: int, r: int) -> TransportConfig:
 # Kernel argument lists are grouped by role (tensors, sizes, strides, constexprs), one
 # group per line; the formatter would put one argument per line.
 # fmt: off
-@triton.jit
-def _score_tile(
-    p_r, p_c, m_m, m_n, b_r, b_rl, o_d, d,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    D_TILES: tl.constexpr, PRECISION: tl.constexpr,
-):
-    # x_I · y_Jᵀ for one tile (PRECISION: the score flag of lse.operands); with D_TILES == 1
-    # the row tile (b_r, and its low part b_rl for "f16x3") is already on chip.
-    b_s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    if D_TILES == 1:
-        b_c, b_cl = _load_parts(p_c, m_n[:, None] & (o_d[None, :] < d), d, PRECISION)
-        b_s = _score_dot(b_r, b_rl, b_c, b_cl, b_s, PRECISION)
-    else:
-        b_c = tl.zeros([BLOCK_N, BLOCK_D], p_c.dtype.element_ty)
-        for i_d in range(D_TILES):
-            m_d = (i_d * BLOCK_D + o_d) < d
-            b_rd, b_rdl = _load_parts(p_r + i_d * BLOCK_D, m_m[:, None] & m_d[None, :], d, PRECISION)
-            b_cd, b_cdl = _load_parts(p_c + i_d * BLOCK_D, m_n[:, None] & m_d[None, :], d, PRECISION)
-            b_s = _score_dot(b_rd, b_rdl, b_cd, b_cdl, b_s, PRECISION)
-    return b_s, b_c
-
-
 @triton.jit
 def _transport_epilogue(
     b_max, b_sum, b_wsum, b_acc, Rx, Rsq, Rlogw, Rpot, Out, Marg,
@@ -235,7 +213,7 @@ def _apply_fwd_kernel(
         o_n64 = o_n.to(tl.int64)
         p_c = p_c0 + o_n64[:, None] * s_cn + o_d[None, :]
         b_s, b_c = _score_tile(
-            p_r, p_c, m_m, m_n, b_r, b_rl, o_d, d, BLOCK_M, BLOCK_N, BLOCK_D, D_TILES,
+            p_r, p_c, m_m, m_n, o_d < d, b_r, b_rl, o_d, d, BLOCK_M, BLOCK_N, BLOCK_D, D_TILES,
             SCORE_PRECISION,
         )
         o_vc = i_b64 * s_vcb + o_n
