@@ -6,8 +6,13 @@ was tuned (instruction counts, register budgets) and validated with a·b + c con
 FFMA, so the option is pinned rather than left to the installed Triton's default.
 ``TRITON_FORCE_DISABLE_FP_FUSION=1`` still turns it off for debugging.
 
-Also the host-side arithmetic of launch grids (cheaper than Triton's constexpr functions).
+Also the host-side arithmetic of launch grids (cheaper than Triton's constexpr functions), and
+the parallel compilation of a step's kernels on first use.
 """
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 
 import torch
 
@@ -40,3 +45,48 @@ def cuda_sm_count(device: torch.device) -> int:
     if sms is None:
         sms = _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     return sms
+
+
+# Parallel compilation. A step's kernels are compiled on first use, one after the other, and
+# the plan step (four kernels) made the first call of a process 2-4 s slower. Triton releases
+# the GIL in its LLVM passes and runs ptxas as a subprocess, so compiles of different kernels
+# overlap in threads (bench/results/dev/s18_compile_h200.jsonl: 4.6 s one after the other,
+# 2.9 s in two threads). ``precompile_once`` runs a launching function once in a recording
+# mode, compiles what it would launch in a thread pool (``JITFunction.warmup``: compile, no
+# launch), and the real call that follows finds every kernel compiled.
+
+_RECORDING: ContextVar[list | None] = ContextVar("flashsinkhorn_recording", default=None)
+_PRECOMPILED: set = set()
+
+
+def launch(kernel, grid, *args, **kwargs) -> None:
+    """``kernel[grid](*args, **kwargs)``, or only recorded inside :func:`precompile_once`."""
+    pending = _RECORDING.get()
+    if pending is None:
+        kernel[grid](*args, **kwargs)
+    else:
+        pending.append((kernel, grid, args, kwargs))
+
+
+def precompile_once(key, fn, *args, **kwargs) -> None:
+    """On the first call with ``key`` (per process), compiles the kernels that ``fn(*args,
+    **kwargs)`` launches through :func:`launch`, in parallel threads; later calls return at
+    once. ``fn`` runs once with its launches recorded, not executed: its other work (output
+    allocations) must be side-effect free. Does nothing under the interpreter."""
+    if key in _PRECOMPILED or os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    pending: list = []
+    token = _RECORDING.set(pending)
+    try:
+        fn(*args, **kwargs)
+    finally:
+        _RECORDING.reset(token)
+    if pending:
+        with ThreadPoolExecutor(max_workers=min(8, len(pending))) as pool:
+            futures = [
+                pool.submit(lambda k=k, g=g, a=a, kw=kw: k.warmup(*a, grid=g, **kw))
+                for k, g, a, kw in pending
+            ]
+            for fut in futures:
+                fut.result()
+    _PRECOMPILED.add(key)

@@ -2,6 +2,8 @@
 plan sweep, its range check and the guarded online-LSE fallback. Interpreter on CPU, real
 kernels on CUDA, against the torch backend (float64) and the two-sweep Triton step."""
 
+import math
+
 import pytest
 import torch
 
@@ -147,7 +149,7 @@ def test_zero_weights_and_labels_take_the_two_sweep_step(device):
     assert not plan.eligible(pz.X, pz.Y)
     tri = resolve_backend("triton", pz.device, torch.float32)
     f, g = _iterate(pz, 0.2)
-    got = tri.symmetric_step(pz.X, pz.Y, f, g, 0.2, 0.5, 0.5, 0.5, True, "ieee", warm=True)
+    got = tri.symmetric_step(pz.X, pz.Y, f, g, 0.2, 0.5, 0.5, 0.5, True, "ieee", phase="iterate")
     want = lse.symmetric_step(pz.X, pz.Y, f, g, 0.2, 0.5, 0.5, 0.5, True, "ieee")
     for u, v in zip(got, want, strict=True):
         assert torch.equal(u, v)
@@ -169,3 +171,74 @@ def test_many_row_blocks(device, monkeypatch):
     want = lse.symmetric_step(p.X, p.Y, f, g, 0.2, 0.5, 0.5, 0.5, True, "ieee")
     for got, w in zip(out, want, strict=True):
         assert (got - w).abs().max() <= 2e-6 * w.abs().max()
+
+
+@pytest.mark.parametrize("cost", ["sqeuclidean", "euclidean"])
+def test_zero_phase_shift_is_minus_the_mean_cost(device, cost):
+    """The "zero" shift: minus the weighted mean of the squared distances (closed form), or
+    for the euclidean cost the square root of that mean."""
+    p = _problem(2, 33, 41, 17, device, cost=cost)
+    z = torch.zeros_like(p.X.sq)
+    got = plan.phase_shift(p.X, p.Y, z, torch.zeros_like(p.Y.sq), 0.0, "zero")
+    x, y = p.X.x.double(), p.Y.x.double()
+    sq = ((x[:, :, None, :] - y[:, None, :, :]) ** 2).sum(-1)
+    wa = p.X.w.double() / p.X.w.double().sum(-1, keepdim=True)
+    wb = p.Y.w.double() / p.Y.w.double().sum(-1, keepdim=True)
+    mean_sq = torch.einsum("bi,bij,bj->b", wa, sq, wb)
+    want = -(mean_sq.sqrt() if cost == "euclidean" else mean_sq)
+    assert torch.allclose(got.double(), want, rtol=1e-5)
+    assert plan.phase_shift(p.X, p.Y, z, torch.zeros_like(p.Y.sq), 0.1, "iterate") is None
+    # The centring term: (34 − ln N) eps.
+    moved = plan.phase_shift(p.X, p.Y, z, torch.zeros_like(p.Y.sq), 0.1, "zero")
+    assert torch.allclose(moved - got, torch.full_like(got, 0.1 * (34 - math.log(41))))
+    with pytest.raises(ValueError, match="phase"):
+        plan.symmetric_step(p.X, p.Y, z, z, 0.1, 0.0, 1.0, 1.0, False, "ieee", "cold")
+
+
+@pytest.mark.parametrize("cost,eps", [("sqeuclidean", 0.1), ("euclidean", 0.05)])
+@pytest.mark.parametrize("rho", [None, 0.7])
+def test_first_two_steps_in_range_with_their_shift(device, monkeypatch, cost, eps, rho):
+    """From zero potentials, and from the plain update that follows, the unshifted plan leaves
+    the trusted range (it would fall back); with the phase's shift it stays in range and gives
+    the float64 soft-mins."""
+    d = 130
+    p = _problem(1, 47, 39, d, device, seed=8, cost=cost, rho=rho)
+    p64 = _problem(1, 47, 39, d, "cpu", seed=8, cost=cost, rho=rho, dtype=torch.float64)
+    lam = p.X.damping(eps)
+    f, g = torch.zeros_like(p.X.sq), torch.zeros_like(p.Y.sq)
+    for phase, (al, w) in (("zero", (0.0, 1.0)), ("second", (0.5, 0.5))):
+        args = (p.X, p.Y, f, g, eps, al, w * lam, w * lam, True, "ieee")
+        _, unshifted = _plan_with_flag(monkeypatch, *args, "iterate")
+        assert unshifted == 1, phase
+        out, flag = _plan_with_flag(monkeypatch, *args, phase)
+        assert flag == 0, phase
+        ref = TorchBackend().symmetric_step(
+            p64.X, p64.Y, f.double().cpu(), g.double().cpu(), eps, al, w * lam, w * lam, True,
+            "ieee",
+        )  # fmt: skip
+        for got, want in zip(out, ref, strict=True):
+            assert (got.double().cpu() - want).abs().max() <= 2e-6 * want.abs().max() + 1e-6
+        f, g = out[0], out[1]
+
+
+def test_solve_never_falls_back_with_phases(device, monkeypatch):
+    """The loop passes the phases: a 10-iteration solve whose first two plans would leave the
+    range without their shifts takes every step from the plan."""
+    gen = torch.Generator().manual_seed(9)
+    x = torch.rand(1, 43, 17, generator=gen).to(device)
+    y = torch.rand(1, 38, 17, generator=gen).to(device)
+    flags = []
+    real = lse.symmetric_step
+
+    def spy(*a, **kw):
+        if kw.get("guard") is not None:
+            flags.append(int(kw["guard"].item()))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(plan.lse, "symmetric_step", spy)
+    res = fs.sinkhorn(x, y, eps=0.1, n_iters=10, tol=None, schedule="symmetric", backend="triton",
+                      precision="ieee")  # fmt: skip
+    assert flags == [0] * 10
+    ref = fs.sinkhorn(x.double().cpu(), y.double().cpu(), eps=0.1, n_iters=10, tol=None,
+                      schedule="symmetric", backend="torch", precision="ieee")  # fmt: skip
+    assert (res.value.double().cpu() - ref.value).abs() <= 1e-5 * ref.value.abs()

@@ -109,15 +109,18 @@ class _Loop:
 
         zx, zy = torch.zeros_like(X.sq), torch.zeros_like(Y.sq)
         lam = _damping(eps_list[0], rho)
-        f, g, _, _ = impl.symmetric_step(X, Y, zx, zy, eps_list[0], 0.0, lam, lam, False, prec)
+        f, g, _, _ = impl.symmetric_step(
+            X, Y, zx, zy, eps_list[0], 0.0, lam, lam, False, prec, phase="zero"
+        )
         if debias:
             p = soft(X, X, zx, zx, eps_list[0], 0.0, lam)
             q = soft(Y, Y, zy, zy, eps_list[0], 0.0, lam)
-        for eps in eps_list:
+        for k, eps in enumerate(eps_list):
             lam = _damping(eps, rho)
             f, g, _, _ = impl.symmetric_step(
-                X, Y, f, g, eps, 0.5, 0.5 * lam, 0.5 * lam, False, prec, warm=True
-            )
+                X, Y, f, g, eps, 0.5, 0.5 * lam, 0.5 * lam, False, prec,
+                phase="second" if k == 0 else "iterate",
+            )  # fmt: skip
             if debias:
                 p = soft(X, X, p, p, eps, 0.5, 0.5 * lam)
                 q = soft(Y, Y, q, q, eps, 0.5, 0.5 * lam)
@@ -126,7 +129,7 @@ class _Loop:
         # Last extrapolation: full updates from the previous potentials (kept for the plans).
         self.f_old, self.g_old = f, g
         self.f, self.g, _, _ = impl.symmetric_step(
-            X, Y, f, g, eps, 0.0, lam, lam, False, prec, warm=True
+            X, Y, f, g, eps, 0.0, lam, lam, False, prec, phase="iterate"
         )
         if debias:
             self.p_old, self.q_old = p, q

@@ -73,13 +73,15 @@ class Backend(ABC):
         beta_y: float,
         want_raw: bool,
         precision: str,
-        warm: bool = False,
+        phase: str = "cold",
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Both half-steps from the same (f, g); a backend may fuse them into one launch.
 
-        ``warm``: (f, g) is an iterate of the loop (not the zero start), so its plan is close
-        to balanced and a backend may read both soft-mins off one plan sweep (Triton: plan.py,
-        which falls back by itself when that assumption fails). Results do not depend on it
+        ``phase`` says where (f, g) stands in the loop, so that a backend may read both
+        soft-mins off one plan sweep, shifted by an estimate of where its sums lie (Triton:
+        plan.py, which falls back by itself when the estimate fails): "zero" (f = g = 0),
+        "second" (the first averaged step after a plain update from zero), "iterate" (any
+        later iterate) or "cold" (nothing known: no plan sweep). Results do not depend on it
         beyond rounding.
         """
         f_new, tf = self.softmin(X, Y, g, eps, f, alpha, beta_x, want_raw, precision)

@@ -35,16 +35,20 @@ class SolveState:
     errors: list[tuple[int, float]] = field(default_factory=list)
 
 
-def _step(problem, backend, f, g, eps, schedule, first, want_raw):
+#: Where the next symmetric step stands (Backend.symmetric_step's ``phase``).
+_NEXT_PHASE = {"zero": "second", "second": "iterate", "iterate": "iterate"}
+
+
+def _step(problem, backend, f, g, eps, schedule, phase, want_raw):
     """One iteration; returns (f, g, error of the input plan or None)."""
     X, Y = problem.X, problem.Y
     lx, ly = X.damping(eps), Y.damping(eps)
     prec = problem.precision
     if schedule == "symmetric":
         # The first iteration starts from zero potentials: a plain update, not an average.
-        alpha, w = (0.0, 1.0) if first else (0.5, 0.5)
+        alpha, w = (0.0, 1.0) if phase == "zero" else (0.5, 0.5)
         f_new, g_new, tf, tg = backend.symmetric_step(
-            X, Y, f, g, eps, alpha, w * lx, w * ly, want_raw, prec, warm=not first
+            X, Y, f, g, eps, alpha, w * lx, w * ly, want_raw, prec, phase=phase
         )
         err = side_error(X, f, tf, eps) + side_error(Y, g, tg, eps) if want_raw else None
         return f_new, g_new, err
@@ -99,21 +103,21 @@ def solve(
     if init is None:
         f = torch.zeros_like(X.sq)
         g = torch.zeros_like(Y.sq)
-        first = True
+        phase = "zero"
     else:
         f, g = init
-        first = False
+        phase = "iterate"
     done = 0
     for eps_k in eps_list[:-1]:
-        f, g, _ = _step(problem, backend, f, g, eps_k, schedule, first, False)
-        first = False
+        f, g, _ = _step(problem, backend, f, g, eps_k, schedule, phase, False)
+        phase = _NEXT_PHASE[phase]
         done += 1
     eps = eps_list[-1]
     errors: list[tuple[int, float]] = []
     for k in range(n_iters):
         check = tol is not None and k > 0 and k % check_every == 0
-        f_new, g_new, err = _step(problem, backend, f, g, eps, schedule, first, check)
-        first = False
+        f_new, g_new, err = _step(problem, backend, f, g, eps, schedule, phase, check)
+        phase = _NEXT_PHASE[phase]
         if check:
             worst = float(err.max())
             errors.append((done, worst))

@@ -20,10 +20,12 @@ class TritonBackend(Backend):
         return lse.softmin(rows, cols, col_pot, eps, old, alpha, beta, want_raw, precision)
 
     def symmetric_step(
-        self, X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, warm=False
+        self, X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, phase="cold"
     ):  # fmt: skip
-        if warm and USE_PLAN_STEP and plan.eligible(X, Y) and plan.preferred(X):
-            return plan.symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision)
+        if phase != "cold" and USE_PLAN_STEP and plan.eligible(X, Y) and plan.preferred(X):
+            return plan.symmetric_step(
+                X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, phase
+            )
         return lse.symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision)
 
     def transport(self, rows, cols, row_pot, col_pot, eps, V, A, Bw, precision):

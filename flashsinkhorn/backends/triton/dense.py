@@ -156,7 +156,7 @@ class DenseTritonBackend(TritonBackend):
         return out, (raw if want_raw else None)
 
     def symmetric_step(
-        self, X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, warm=False
+        self, X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, phase="cold"
     ):  # fmt: skip
         # Two launches over K (plus merges); no fused variant needed for a memory-bound sweep.
         f_new, tf = self.softmin(X, Y, g, eps, f, alpha, beta_x, want_raw, precision)

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._triton_launch import FP_FUSION, cdiv, cuda_sm_count, next_pow2
+from ..._triton_launch import FP_FUSION, cdiv, cuda_sm_count, launch, next_pow2
 from ...problem import Side
 from .configs import interpreter_operand, lse_config
 
@@ -775,7 +775,7 @@ def combine_one_side(
     nb = cdiv(n, _COMBINE_BLOCK)
     # The y-side slots repeat the x side; n_blocks_x = nb routes every program to it.
     args = (pmax, psum, sq, old, out, raw)
-    _lse_combine_kernel[(nb, B)](
+    launch(_lse_combine_kernel, (nb, B),
         *args, *args, sq, 0, n, n, nb, split, sq.stride(0), sq.stride(0), B * n, B * n,
         float(eps), float(alpha), float(beta), float(beta),
         BLOCK=_COMBINE_BLOCK, WRITE_RAW=want_raw, EUCLID=euclid, **FP_FUSION,
@@ -987,7 +987,9 @@ def symmetric_step(
     pgmax, pgsum = _partials(split, g)
     euclid, labels, xlab, ylab, xlc, n_lab, lscale = cost_args(X, Y)
     ylc = cost_args(Y, X)[4] if labels else xlc
-    _softmin_sym_kernel[(n_blocks, B, split)](
+    launch(
+        _softmin_sym_kernel,
+        (n_blocks, B, split),
         xx,
         xy,
         X.sq,
@@ -1049,7 +1051,9 @@ def symmetric_step(
     if split > 1:
         nbx = cdiv(n, _COMBINE_BLOCK)
         nb = nbx + cdiv(m, _COMBINE_BLOCK)
-        _lse_combine_kernel[(nb, B)](
+        launch(
+            _lse_combine_kernel,
+            (nb, B),
             pfmax,
             pfsum,
             X.sq,

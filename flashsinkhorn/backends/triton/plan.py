@@ -13,11 +13,13 @@ synchronisation either way). Derivation and range argument: docs/kernels.md.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
 
-from ..._triton_launch import FP_FUSION, cdiv
+from ..._triton_launch import FP_FUSION, cdiv, launch, precompile_once
 from ...problem import Side
 from . import lse
 from .configs import interpreting, plan_config
@@ -38,6 +40,7 @@ _DYNAMIC = [
     "s_gb",
     "s_prs",
     "s_pcb",
+    "has_shift",
 ]
 
 # Sums outside [_LOW, _HIGH] (or NaN) send the step to the online-LSE fallback: below _LOW,
@@ -170,11 +173,12 @@ def _plan_fwd_kernel(
 @triton.jit
 def _plan_finish_rows(
     P, Sq, Bias, Pot, Out, Raw, Flag, i_b, i_m, n_rows, n_parts, s_part, s_pb, s_vb,
-    eps, alpha, beta, BLOCK: tl.constexpr, PARTS: tl.constexpr, WRITE_RAW: tl.constexpr,
-    EUCLID: tl.constexpr,
+    eps, alpha, beta, shift2, BLOCK: tl.constexpr, PARTS: tl.constexpr,
+    WRITE_RAW: tl.constexpr, EUCLID: tl.constexpr,
 ):  # fmt: skip
     # Adds the partial sums of one side, checks their range and applies the soft-min epilogue
-    # with log2 Σ exp2(z) = log2(sum) − u (u: this side's bias in the plan's exponent).
+    # with log2 Σ exp2(z) = log2(sum) − u + shift2 (u: this side's bias in the plan's exponent;
+    # shift2: the part of the plan's shift that is not in u, base 2).
     o_m = i_m * BLOCK + tl.arange(0, BLOCK)
     m_m = o_m < n_rows
     i_b64 = i_b.to(tl.int64)
@@ -194,56 +198,64 @@ def _plan_finish_rows(
     b_bad = tl.max((m_m & (b_ok == 0)).to(tl.int32), 0)
     tl.store(Flag, 1.0, mask=b_bad > 0)
     lse._softmin_epilogue_cost(
-        -b_u, b_sum, Sq, Pot, Out, Raw, o_vr, m_m, eps, alpha, beta, WRITE_RAW, EUCLID
+        shift2 - b_u, b_sum, Sq, Pot, Out, Raw, o_vr, m_m, eps, alpha, beta, WRITE_RAW, EUCLID
     )
 
 
 @triton.jit(do_not_specialize=_DYNAMIC)
 def _plan_finish_kernel(
-    Prow, Pcol, Xsq, Ysq, U, V, F, G, Fout, Gout, Fraw, Graw, Flag,
-    n_x, n_y, n_cb_x, n_parts_x, n_parts_y, s_fb, s_gb, s_prs, s_pcb,
+    Prow, Pcol, Xsq, Ysq, U, V, F, G, Fout, Gout, Fraw, Graw, Flag, Shift,
+    n_x, n_y, n_cb_x, n_parts_x, n_parts_y, s_fb, s_gb, s_prs, s_pcb, has_shift,
     eps, alpha, beta_x, beta_y,
     BLOCK: tl.constexpr, PARTS: tl.constexpr, WRITE_RAW: tl.constexpr, EUCLID: tl.constexpr,
 ):  # fmt: skip
     i_m = tl.program_id(0)
     i_b = tl.program_id(1)
     if i_m < n_cb_x:
-        # f side: the row sums of the column chunks, [chunks, B, n].
+        # f side: the row sums of the column chunks, [chunks, B, n]; u holds the shift.
         _plan_finish_rows(
             Prow, Xsq, U, F, Fout, Fraw, Flag, i_b, i_m, n_x, n_parts_x, s_prs, n_x, s_fb,
-            eps, alpha, beta_x, BLOCK, PARTS, WRITE_RAW, EUCLID,
+            eps, alpha, beta_x, 0.0, BLOCK, PARTS, WRITE_RAW, EUCLID,
         )  # fmt: skip
     else:
-        # g side: the column sums of every row-block group, [B, groups, m].
+        # g side: the column sums of every row-block group, [B, groups, m]; v does not hold the
+        # shift, so it comes back here.
+        shift2 = 0.0
+        if has_shift != 0:
+            shift2 = tl.load(Shift + i_b) * (1.4426950408889634 / eps)
         _plan_finish_rows(
             Pcol, Ysq, V, G, Gout, Graw, Flag, i_b, i_m - n_cb_x, n_y, n_parts_y, n_y,
-            s_pcb, s_gb, eps, alpha, beta_y, BLOCK, PARTS, WRITE_RAW, EUCLID,
+            s_pcb, s_gb, eps, alpha, beta_y, shift2, BLOCK, PARTS, WRITE_RAW, EUCLID,
         )  # fmt: skip
 
 
 @triton.jit
-def _bias_rows(Pot, Sq, Logw, Out, i_b, i_m, n_rows, s_vb, eps, BLOCK: tl.constexpr,
+def _bias_rows(Pot, Sq, Logw, Out, i_b, i_m, n_rows, s_vb, eps, shift2, BLOCK: tl.constexpr,
                EUCLID: tl.constexpr):  # fmt: skip
     o_m = i_m * BLOCK + tl.arange(0, BLOCK)
     m_m = o_m < n_rows
     i_b64 = i_b.to(tl.int64)
     b_h, _ = lse._col_bias(Pot, Sq, Logw, i_b64 * s_vb + o_m, m_m, 1.4426950408889634 / eps, EUCLID)
-    tl.store(Out + i_b64 * n_rows + o_m, b_h, mask=m_m)
+    tl.store(Out + i_b64 * n_rows + o_m, b_h - shift2, mask=m_m)
 
 
 @triton.jit(do_not_specialize=_DYNAMIC)
 def _plan_bias_kernel(
-    Xsq, Ysq, Xlogw, Ylogw, F, G, U, V, n_x, n_y, n_cb_x, s_fb, s_gb, eps,
+    Xsq, Ysq, Xlogw, Ylogw, F, G, U, V, Shift, n_x, n_y, n_cb_x, s_fb, s_gb, has_shift, eps,
     BLOCK: tl.constexpr, EUCLID: tl.constexpr,
 ):  # fmt: skip
     # u_i and v_j of the plan's exponent, (B, n) and (B, m): each is the column bias of the
-    # soft-min sweep over that side (lse._col_bias).
+    # soft-min sweep over that side (lse._col_bias). The plan's shift sigma (one per problem)
+    # goes into u only.
     i_m = tl.program_id(0)
     i_b = tl.program_id(1)
     if i_m < n_cb_x:
-        _bias_rows(F, Xsq, Xlogw, U, i_b, i_m, n_x, s_fb, eps, BLOCK, EUCLID)
+        shift2 = 0.0
+        if has_shift != 0:
+            shift2 = tl.load(Shift + i_b) * (1.4426950408889634 / eps)
+        _bias_rows(F, Xsq, Xlogw, U, i_b, i_m, n_x, s_fb, eps, shift2, BLOCK, EUCLID)
     else:
-        _bias_rows(G, Ysq, Ylogw, V, i_b, i_m - n_cb_x, n_y, s_gb, eps, BLOCK, EUCLID)
+        _bias_rows(G, Ysq, Ylogw, V, i_b, i_m - n_cb_x, n_y, s_gb, eps, 0.0, BLOCK, EUCLID)
 
 
 #: Row-block groups per SM (each holds one row of column partials, B · groups · m floats).
@@ -271,12 +283,69 @@ def preferred(X: Side) -> bool:
     return X.x.shape[-1] > 32 or interpreting()
 
 
-def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
+#: Phases of the loop in which the plan step is taken (Backend.symmetric_step's ``phase``).
+PHASES = ("zero", "second", "iterate")
+
+
+def phase_shift(X: Side, Y: Side, f, g, eps: float, phase: str) -> torch.Tensor | None:
+    """The plan's shift sigma per problem, (B,), or None for none (docs/kernels.md, "Plan step").
+
+    Shifting the plan's exponent by a constant sigma leaves both soft-mins exact and multiplies
+    its sums by exp(-sigma / eps). The sums are trusted in ln-range [-44.4, 88.6]; a row sum
+    is ln a_i + (f_i − sigma − T(g)_i) / eps, so sigma is an estimate of f_i − T(g)_i moved by
+    a few eps to place the sums inside that range (N = max(n, m), ln a_i ≈ −ln N):
+
+    * "zero" (f = g = 0): T(0)_i lies below the mean cost Ĉ = Σ a_i b_j C_ij / (Σa Σb) (Jensen)
+      and far below it for points near the other cloud, so the sums spread upwards from
+      ln a_i + (Ĉ − T(0)_i) / eps. sigma = −Ĉ + (34 − ln N) eps puts the rows at Ĉ near
+      e^-34 and leaves 122 e-folds above them. Ĉ is a closed form in the weighted means of
+      the points and of their squared norms (euclidean cost: its square root, an upper bound
+      of the mean distance).
+    * "second" (the first averaged step after a plain update from zero): both potentials carry
+      the constant part of the solution once too often, and T(g + c) = T(g) − c, so
+      f − T(g) ≈ half the sum of their weighted means m̄; minus (22 + ln N) eps to centre the
+      sums in the range. With damping λ (unbalanced sides) the plain update was λ T(0), and
+      f − T(g) ≈ (2λ − 1) T̄(0) = (2 − 1/λ) m̄.
+    * "iterate": none (the sums are close to the weights).
+
+    A wrong estimate only costs speed: sums outside the range send the step to the fallback.
+    """
+    if phase == "iterate":
+        return None
+    ln_n = math.log(max(X.n, Y.n))
+    wa = X.w / X.w.sum(-1, keepdim=True)
+    wb = Y.w / Y.w.sum(-1, keepdim=True)
+    if phase == "second":
+        lam = 0.5 * (X.damping(eps) + Y.damping(eps))
+        est = (1.0 - 0.5 / lam) * ((wa * f).sum(-1) + (wb * g).sum(-1))
+        return (est - (22.0 + ln_n) * eps).float()
+    xbar = torch.einsum("bn,bnd->bd", wa.to(X.x.dtype), X.x).float()
+    ybar = torch.einsum("bn,bnd->bd", wb.to(Y.x.dtype), Y.x).float()
+    mean_sq = (wa * X.sq).sum(-1) + (wb * Y.sq).sum(-1) - 2.0 * (xbar * ybar).sum(-1)
+    mean_sq = mean_sq.float().clamp_min(0.0)
+    mean_cost = mean_sq.sqrt() if X.cost == "euclidean" else mean_sq
+    return -mean_cost + (34.0 - ln_n) * eps
+
+
+def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, phase="iterate"):
     """Both half-steps of a symmetric iteration from one plan sweep, redone by the guarded
     online-LSE step when the plan's sums leave the trusted range. Same contract as
-    :func:`lse.symmetric_step`."""
+    :func:`lse.symmetric_step`; ``phase`` (one of :data:`PHASES`) sets the plan's shift
+    (:func:`phase_shift`). The first call of a kind compiles its five kernels in parallel."""
+    if phase not in PHASES:
+        raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
+    args = (X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, phase)
+    d = X.x.shape[-1]
+    grouped = cdiv(X.n, plan_config(d, True).block_m) > GROUPS_PER_SM * lse._sm_count(X.x.device)
+    key = ("plan", X.x.device, d, X.x.dtype, precision, X.cost, want_raw, grouped)
+    precompile_once(key, _symmetric_step, *args)
+    return _symmetric_step(*args)
+
+
+def _symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, phase):
     B, n, d = X.x.shape
     m = Y.x.shape[1]
+    shift = phase_shift(X, Y, f, g, eps, phase)
     xx, xy, dot_scale, prec = lse.operands(X, Y, precision)
     cfg = plan_config(d, lse._half(xx, prec))
     out = lse.step_outputs(f, g, want_raw)
@@ -297,11 +366,14 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
     v = torch.empty((B, m), dtype=torch.float32, device=f.device)
     ncx = cdiv(n, _FINISH_BLOCK)
     grid = (ncx + cdiv(m, _FINISH_BLOCK), B)
-    _plan_bias_kernel[grid](
-        X.sq, Y.sq, X.logw, Y.logw, f, g, u, v, n, m, ncx, f.stride(0), g.stride(0), float(eps),
+    has_shift = shift is not None
+    shift = shift.contiguous() if has_shift else flag
+    launch(_plan_bias_kernel, grid,
+        X.sq, Y.sq, X.logw, Y.logw, f, g, u, v, shift, n, m, ncx, f.stride(0), g.stride(0),
+        int(has_shift), float(eps),
         BLOCK=_FINISH_BLOCK, EUCLID=euclid, **FP_FUSION,
     )  # fmt: skip
-    _plan_fwd_kernel[(groups, B, split)](
+    launch(_plan_fwd_kernel, (groups, B, split),
         xx, xy, X.sq, Y.sq, u, v, prow, pcol, flag,
         n, m, d, cps, nbx, groups,
         xx.stride(0), xx.stride(1), xy.stride(0), xy.stride(1), f.stride(0), g.stride(0),
@@ -312,9 +384,9 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision):
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **FP_FUSION,
     )  # fmt: skip
-    _plan_finish_kernel[grid](
-        prow, pcol, X.sq, Y.sq, u, v, f, g, f_new, g_new, f_raw, g_raw, flag,
-        n, m, ncx, split, groups, f.stride(0), g.stride(0), f.numel(), groups * m,
+    launch(_plan_finish_kernel, grid,
+        prow, pcol, X.sq, Y.sq, u, v, f, g, f_new, g_new, f_raw, g_raw, flag, shift,
+        n, m, ncx, split, groups, f.stride(0), g.stride(0), f.numel(), groups * m, int(has_shift),
         float(eps), float(alpha), float(beta_x), float(beta_y),
         BLOCK=_FINISH_BLOCK, PARTS=_FINISH_PARTS, WRITE_RAW=want_raw, EUCLID=euclid, **FP_FUSION,
     )  # fmt: skip
