@@ -192,14 +192,12 @@ def _spy_combine(monkeypatch):
 
 
 def _merges(d, p_width, r, n_cols, grad=False):
-    """Merge-kernel launches of one transport under a forced split (> 1): 0 when it cannot be
-    split, else 2 (the fixed-reference sweep's and its guarded redo's; 1 with the running max
-    alone)."""
+    """1 if a forced split (> 1) of this launch must go through the merge kernel, else 0."""
     from flashsinkhorn.backends.triton import transport as T
 
     cfg = T.transport_config(d, p_width, r)
     wide = (cfg.d_tiles if grad else cfg.p_tiles) > 1  # the wide path is never split
-    return int(not wide and n_cols > cfg.block_n) * (2 if T.FIXED_REFERENCE else 1)
+    return int(not wide and n_cols > cfg.block_n)
 
 
 def _force_split(monkeypatch, split):

@@ -18,7 +18,7 @@ partials (max, sum, accumulator rows) are merged by ``_apply_combine_kernel``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -59,7 +59,6 @@ _DYNAMIC = [
     "n_split",
     "s_ps",
     "s_pa",
-    "guarded",
 ]
 
 
@@ -111,10 +110,10 @@ def transport_config(d: int, p: int, r: int) -> TransportConfig:
 # fmt: off
 @triton.jit
 def _transport_epilogue(
-    b_max, b_sum, b_wsum, b_acc, Rx, Rsq, Rlogw, Rpot, Out, Marg, Flag,
+    b_max, b_sum, b_wsum, b_acc, Rx, Rsq, Rlogw, Rpot, Out, Marg,
     i_b64, o_m, m_m, o_vr, p, s_xb, s_xn, s_ob, s_on, inv_eps2, rscale,
     BLOCK_P: tl.constexpr, P_TILES: tl.constexpr,
-    HAS_V: tl.constexpr, GRAD: tl.constexpr, EUCLID: tl.constexpr, FIXED_REF: tl.constexpr,
+    HAS_V: tl.constexpr, GRAD: tl.constexpr, EUCLID: tl.constexpr,
 ):
     # â_i = 2^(ha_i + max_i) s_i, and out_i = (â_i / s_i) acc_i = 2^(ha_i + max_i) acc_i. With
     # P_TILES > 1 the accumulator is the program's rows of Out (b_acc unused). For GRAD the row
@@ -129,15 +128,6 @@ def _transport_epilogue(
     else:
         b_ha = (tl.load(Rpot + o_vr, mask=m_m, other=0.0) - tl.load(Rsq + o_vr, mask=m_m, other=0.0)) * inv_eps2
     b_ha += tl.load(Rlogw + o_vr, mask=m_m, other=float("-inf")) * 1.4426950408889634
-    if FIXED_REF:
-        # Sums against the fixed reference are trusted in [2^-64, 3e38] (as the plan step's):
-        # outside, raise the flag for the guarded running-max launch that redoes the sweep.
-        # Zero-weight rows carry no mass and are not checked.
-        b_ok = (b_sum >= 5.421010862427522e-20) & (b_sum <= 3.0e38)
-        if GRAD and EUCLID:
-            b_ok = b_ok & (b_wsum <= 3.0e38)
-        b_bad = tl.max((m_m & (b_ha > float("-inf")) & (b_ok == 0)).to(tl.int32), 0)
-        tl.store(Flag, 1.0, mask=b_bad > 0)
     b_scale = tl.where(b_max == float("-inf"), 0.0, tl.exp2(b_ha + b_max))
     b_scale = tl.where(b_scale == b_scale, b_scale, 0.0)  # zero weight and -inf max: no mass
     b_marg = b_scale * b_sum
@@ -162,8 +152,8 @@ def _transport_epilogue(
 @triton.jit(do_not_specialize=_DYNAMIC)
 def _apply_fwd_kernel(
     R, C, Rx, Rsq, Csq, Rlogw, Clogw, Rpot, Cpot, V, A, Bw, Out, Marg, Rlab, Clab, Lcost,
-    Pmax, Psum, Pwsum, Pacc, Flag, Guard,
-    n_rows, n_cols, d, p, r, n_lab, cols_per_split, n_split, guarded,
+    Pmax, Psum, Pwsum, Pacc,
+    n_rows, n_cols, d, p, r, n_lab, cols_per_split, n_split,
     s_rb, s_rn, s_cb, s_cn, s_xb, s_xn, s_vrb, s_vcb,
     s_Vb, s_Vn, s_ob, s_on, s_ab, s_an, s_bb, s_bn, s_ps, s_pa,
     eps, sq_floor, lscale, dot_scale, rscale, vscale,
@@ -172,16 +162,8 @@ def _apply_fwd_kernel(
     BLOCK_R: tl.constexpr, R_TILES: tl.constexpr,
     HAS_V: tl.constexpr, HADAMARD: tl.constexpr, GRAD: tl.constexpr, VEC: tl.constexpr,
     PRECISION: tl.constexpr, HAD_PRECISION: tl.constexpr, SCORE_PRECISION: tl.constexpr,
-    EUCLID: tl.constexpr, LABELS: tl.constexpr, FIXED_REF: tl.constexpr,
+    EUCLID: tl.constexpr, LABELS: tl.constexpr,
 ):
-    # The guarded launch (running max) redoes the sweep only where the fixed-reference launch
-    # raised the flag; a run-time argument, so both launches share one compiled kernel.
-    if guarded != 0:
-        if tl.load(Guard) == 0.0:
-            return
-    # FIXED_REF: the potentials are (near) a fixed point, so Σ_j 2^(z_ij) ≈ 2^(−ha_i) â_i / a_i
-    # ≈ 2^(−ha_i + log2 w_i): that row reference replaces the running max (no max, no rescale of
-    # the sum and the accumulator); the epilogue checks the sums' range (docs/transport.md).
     # Other costs (docs/costs.md): the score tile comes from lse._cost_scores; the euclidean
     # gradient Σ_j P_ij (x_i − y_j) / D_ij is this kernel with the Hadamard weights 1 / D_ij
     # (0 where D_ij is at the floor: the subgradient) and their own running row sum.
@@ -218,11 +200,6 @@ def _apply_fwd_kernel(
     d_min = tl.sqrt(sq_floor)
 
     b_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    if FIXED_REF:
-        if EUCLID:
-            b_max = -tl.load(Rpot + o_vr, mask=m_m, other=0.0) * inv_eps2
-        else:
-            b_max = (tl.load(Rsq + o_vr, mask=m_m, other=0.0) - tl.load(Rpot + o_vr, mask=m_m, other=0.0)) * inv_eps2
     b_sum = tl.zeros([BLOCK_M], tl.float32)
     b_wsum = tl.zeros([BLOCK_M], tl.float32)
     b_acc = tl.zeros([BLOCK_M, BLOCK_P], tl.float32)
@@ -245,23 +222,15 @@ def _apply_fwd_kernel(
         if LABELS:
             b_lab = _label_tile(Lcost, b_lr, b_w0, b_w1, Clab, o_vc, m_m, m_n, n_lab, lscale, LABELS)
         b_z, b_dist = _cost_scores(b_s, b_h, b_rsq, b_csq, b_lab, scale2, inv_eps2, dot_scale, sq_floor, EUCLID, LABELS)
-        if FIXED_REF:
-            b_alpha = tl.full([BLOCK_M], 1.0, tl.float32)  # unused
-            b_e = tl.exp2(b_z - b_max[:, None])
-            b_sum += tl.sum(b_e, 1)
-        else:
-            # Rows that have only met -inf scores keep max = -inf: shift by 0 so exp2 gives 0.
-            b_new, b_alpha, b_ref = _online_lse(b_max, b_sum, b_z)
-            b_e = tl.exp2(b_z - b_ref[:, None])
-            b_sum = b_sum * b_alpha + tl.sum(b_e, 1)
-            b_max = b_new
+        # Rows that have only met -inf scores keep max = -inf: shift by 0 so exp2 gives 0.
+        b_new, b_alpha, b_ref = _online_lse(b_max, b_sum, b_z)
+        b_e = tl.exp2(b_z - b_ref[:, None])
+        b_sum = b_sum * b_alpha + tl.sum(b_e, 1)
+        b_max = b_new
         if GRAD and EUCLID:
             b_far = b_dist > d_min
             b_e = tl.where(b_far, b_e / tl.where(b_far, b_dist, 1.0), 0.0)
-            if FIXED_REF:
-                b_wsum += tl.sum(b_e, 1)
-            else:
-                b_wsum = b_wsum * b_alpha + tl.sum(b_e, 1)
+            b_wsum = b_wsum * b_alpha + tl.sum(b_e, 1)
         if HAS_V:
             if HADAMARD:
                 # W_IJ = A_I B_Jᵀ, formed on chip like the score tile.
@@ -283,9 +252,7 @@ def _apply_fwd_kernel(
                 # One value column: a row reduction in fp32 (no dot padded to 16 columns, no
                 # layout change of the probability tile); every accumulator column holds it.
                 b_v1 = tl.load(V + i_b64 * s_Vb + o_n64 * s_Vn, mask=m_n, other=0.0).to(tl.float32)
-                if not FIXED_REF:
-                    b_acc = b_acc * b_alpha[:, None]
-                b_acc += tl.sum(b_e * b_v1[None, :], 1)[:, None]
+                b_acc = b_acc * b_alpha[:, None] + tl.sum(b_e * b_v1[None, :], 1)[:, None]
             elif P_TILES == 1:
                 if GRAD and D_TILES == 1 and SCORE_PRECISION != "f16x3":
                     # The values are the column points: reuse the tile already on chip (with
@@ -293,8 +260,7 @@ def _apply_fwd_kernel(
                     b_v = b_c.to(tl.float32) * vscale
                 else:
                     b_v = tl.load(p_v, mask=m_n[:, None] & (o_p[None, :] < p), other=0.0).to(tl.float32) * vscale
-                if not FIXED_REF:
-                    b_acc = b_acc * b_alpha[:, None]
+                b_acc = b_acc * b_alpha[:, None]
                 b_acc = tl.dot(b_e, b_v, b_acc, input_precision=PRECISION)
             else:
                 # Wide V: the accumulator lives in this program's own rows of Out (fp32).
@@ -322,27 +288,24 @@ def _apply_fwd_kernel(
             tl.store(p_pa, b_acc, mask=m_m[:, None] & (o_p[None, :] < p))
     else:
         _transport_epilogue(
-            b_max, b_sum, b_wsum, b_acc, Rx, Rsq, Rlogw, Rpot, Out, Marg, Flag,
+            b_max, b_sum, b_wsum, b_acc, Rx, Rsq, Rlogw, Rpot, Out, Marg,
             i_b64, o_m, m_m, o_vr, p, s_xb, s_xn, s_ob, s_on, inv_eps2, rscale,
-            BLOCK_P, P_TILES, HAS_V, GRAD, EUCLID, FIXED_REF,
+            BLOCK_P, P_TILES, HAS_V, GRAD, EUCLID,
         )
 
 
 @triton.jit(do_not_specialize=_DYNAMIC)
 def _apply_combine_kernel(
-    Pmax, Psum, Pwsum, Pacc, Rx, Rsq, Rlogw, Rpot, Out, Marg, Flag, Guard,
-    n_rows, p, n_split, guarded,
+    Pmax, Psum, Pwsum, Pacc, Rx, Rsq, Rlogw, Rpot, Out, Marg,
+    n_rows, p, n_split,
     s_xb, s_xn, s_vrb, s_ob, s_on, s_ps, s_pa,
     eps, rscale,
     BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
-    HAS_V: tl.constexpr, GRAD: tl.constexpr, EUCLID: tl.constexpr, FIXED_REF: tl.constexpr,
+    HAS_V: tl.constexpr, GRAD: tl.constexpr, EUCLID: tl.constexpr,
 ):
     # Merges the partials of a split sweep: max = max_k max_k, and every other partial
     # (sum, weighted sum, accumulator rows) scaled by 2^(max_k − max) and added; then the
-    # epilogue of the unsplit kernel. With FIXED_REF every chunk used the same reference.
-    if guarded != 0:
-        if tl.load(Guard) == 0.0:
-            return
+    # epilogue of the unsplit kernel.
     inv_eps2 = 1.4426950408889634 / eps
     i_m = tl.program_id(0)
     i_b64 = tl.program_id(1).to(tl.int64)
@@ -368,9 +331,9 @@ def _apply_combine_kernel(
             b_acc += tl.load(p_pa, mask=m_a, other=0.0) * b_f[:, None]
     o_vr = i_b64 * s_vrb + o_m
     _transport_epilogue(
-        b_max, b_sum, b_wsum, b_acc, Rx, Rsq, Rlogw, Rpot, Out, Marg, Flag,
+        b_max, b_sum, b_wsum, b_acc, Rx, Rsq, Rlogw, Rpot, Out, Marg,
         i_b64, o_m, m_m, o_vr, p, s_xb, s_xn, s_ob, s_on, inv_eps2, rscale,
-        BLOCK_P, 1, HAS_V, GRAD, EUCLID, FIXED_REF,
+        BLOCK_P, 1, HAS_V, GRAD, EUCLID,
     )
 
 
@@ -382,15 +345,7 @@ _TC_MIN_RANK_BLOCK = 64
 
 # Tests set this to force a split count of the column sweep; None lets lse.split_count decide.
 FORCE_SPLIT: int | None = None
-#: Sweeps with a register accumulator use the fixed row reference (FIXED_REF) and a guarded
-#: running-max launch; tests and A/B probes set this to False for the running max alone.
-FIXED_REFERENCE = True
 _COMBINE_ROWS = 32
-
-
-def _new_flag(device) -> torch.Tensor:
-    """The fallback flag of one fixed-reference transport (0: every sum was in range)."""
-    return torch.zeros(1, dtype=torch.float32, device=device)
 
 
 def _split_plan(n_programs: int, m: int, block_n: int, device, splittable: bool):
@@ -405,8 +360,7 @@ def _split_plan(n_programs: int, m: int, block_n: int, device, splittable: bool)
 
 
 def _launch(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, precision, grad):
-    # The first launch of a kind compiles its kernels (fixed reference, running max, merges)
-    # in parallel.
+    # The first launch of a kind compiles its kernels (sweep and merge) in parallel.
     width = lambda t: None if t is None else t.shape[-1]  # noqa: E731
     key = ("transport", rows.x.device, rows.x.shape[-1], rows.x.dtype, width(V), width(A),
            precision, grad, rows.cost, rows.labels is not None)  # fmt: skip
@@ -447,6 +401,10 @@ def _launch_kernels(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, pre
             cfg.block_m, cfg.block_n, cfg.block_d, cfg.d_tiles, cfg.block_d, cfg.d_tiles,
             cfg.block_r, cfg.r_tiles, cfg.num_warps, cfg.num_stages,
         )
+        if 32 < d <= 128 and cfg.d_tiles == 1 and not interpreting():
+            # 256-row tiles, 8 warps (32 rows per warp, as the soft-min's): 12.5 → 6.5 ms at
+            # 40k, d = 128 and 13.9 → 5.7 ms at 50k, d = 64 (docs/performance.md entry 17).
+            cfg = replace(cfg, block_m=256, block_n=64, num_warps=8, num_stages=2)
     if has_v:
         V = V.contiguous()
         # The wide path accumulates in Out: start it at zero.
@@ -473,37 +431,32 @@ def _launch_kernels(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, pre
         if has_v:
             pacc = torch.empty((split, B, n, p), **f32)
     vec = has_v and p == 1 and not grad
-    # The wide path accumulates in Out across launches, which a redo would have to clear first.
-    fixed = FIXED_REFERENCE and cfg.p_tiles == 1
-    flag = _new_flag(rows.x.device) if fixed else marg
-    passes = [(True, 0), (False, 1)] if fixed else [(False, 0)]
-    for fixed_ref, guarded in passes:
-        launch(_apply_fwd_kernel, (n_blocks, B, split),
-            xr, xc, xpts_r, rows.sq, cols.sq, rows.logw, cols.logw, row_pot, col_pot,
-            V, A, Bw, out, marg, rlab, clab, lcost,
-            pmax, psum, pwsum, pacc, flag, flag,
-            n, m, d, p, r, n_lab, cps, split, guarded,
-            xr.stride(0), xr.stride(1), xc.stride(0), xc.stride(1), xpts_r.stride(0), xpts_r.stride(1),
-            rows.sq.stride(0), cols.sq.stride(0),
-            *s3(V), *s3(out), *s3(A), *s3(Bw), B * n, B * n * p,
-            float(eps), float(cols.sq_floor), lscale, float(dot_scale), rscale, vscale,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
-            BLOCK_P=cfg.block_p, P_TILES=cfg.p_tiles, BLOCK_R=cfg.block_r, R_TILES=cfg.r_tiles,
-            HAS_V=has_v, HADAMARD=r > 0, GRAD=grad, VEC=vec, PRECISION=precision,
-            HAD_PRECISION=precision if cfg.block_r >= _TC_MIN_RANK_BLOCK else "ieee",
-            SCORE_PRECISION=score_prec, EUCLID=euclid, LABELS=labels, FIXED_REF=fixed_ref,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **FP_FUSION,
+    launch(_apply_fwd_kernel, (n_blocks, B, split),
+        xr, xc, xpts_r, rows.sq, cols.sq, rows.logw, cols.logw, row_pot, col_pot,
+        V, A, Bw, out, marg, rlab, clab, lcost,
+        pmax, psum, pwsum, pacc,
+        n, m, d, p, r, n_lab, cps, split,
+        xr.stride(0), xr.stride(1), xc.stride(0), xc.stride(1), xpts_r.stride(0), xpts_r.stride(1),
+        rows.sq.stride(0), cols.sq.stride(0),
+        *s3(V), *s3(out), *s3(A), *s3(Bw), B * n, B * n * p,
+        float(eps), float(cols.sq_floor), lscale, float(dot_scale), rscale, vscale,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
+        BLOCK_P=cfg.block_p, P_TILES=cfg.p_tiles, BLOCK_R=cfg.block_r, R_TILES=cfg.r_tiles,
+        HAS_V=has_v, HADAMARD=r > 0, GRAD=grad, VEC=vec, PRECISION=precision,
+        HAD_PRECISION=precision if cfg.block_r >= _TC_MIN_RANK_BLOCK else "ieee",
+        SCORE_PRECISION=score_prec, EUCLID=euclid, LABELS=labels,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **FP_FUSION,
+    )
+    if split > 1:
+        launch(_apply_combine_kernel, (cdiv(n, _COMBINE_ROWS), B),
+            pmax, psum, pwsum, pacc, xpts_r, rows.sq, rows.logw, row_pot, out, marg,
+            n, p, split,
+            xpts_r.stride(0), xpts_r.stride(1), rows.sq.stride(0), *s3(out), B * n, B * n * p,
+            float(eps), rscale,
+            BLOCK_M=_COMBINE_ROWS, BLOCK_P=cfg.block_p,
+            HAS_V=has_v, GRAD=grad, EUCLID=euclid,
+            num_warps=4, **FP_FUSION,
         )
-        if split > 1:
-            launch(_apply_combine_kernel, (cdiv(n, _COMBINE_ROWS), B),
-                pmax, psum, pwsum, pacc, xpts_r, rows.sq, rows.logw, row_pot, out, marg, flag,
-                flag, n, p, split, guarded,
-                xpts_r.stride(0), xpts_r.stride(1), rows.sq.stride(0), *s3(out), B * n, B * n * p,
-                float(eps), rscale,
-                BLOCK_M=_COMBINE_ROWS, BLOCK_P=cfg.block_p,
-                HAS_V=has_v, GRAD=grad, EUCLID=euclid, FIXED_REF=fixed_ref,
-                num_warps=4, **FP_FUSION,
-            )
     return (out if has_v else None), marg
 
 
