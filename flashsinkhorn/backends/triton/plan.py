@@ -319,8 +319,10 @@ def phase_shift(X: Side, Y: Side, f, g, eps: float, phase: str) -> torch.Tensor 
         lam = 0.5 * (X.damping(eps) + Y.damping(eps))
         est = (1.0 - 0.5 / lam) * ((wa * f).sum(-1) + (wb * g).sum(-1))
         return (est - (22.0 + ln_n) * eps).float()
-    xbar = torch.einsum("bn,bnd->bd", wa.to(X.x.dtype), X.x).float()
-    ybar = torch.einsum("bn,bnd->bd", wb.to(Y.x.dtype), Y.x).float()
+    # Elementwise products and sums, not a matrix product: no cuBLAS workspace (which a solve
+    # graph would keep) and no cuBLAS start-up in a process's first solve.
+    xbar = (wa[..., None] * X.x.float()).sum(1)
+    ybar = (wb[..., None] * Y.x.float()).sum(1)
     mean_sq = (wa * X.sq).sum(-1) + (wb * Y.sq).sum(-1) - 2.0 * (xbar * ybar).sum(-1)
     mean_sq = mean_sq.float().clamp_min(0.0)
     mean_cost = mean_sq.sqrt() if X.cost == "euclidean" else mean_sq
