@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import flashsinkhorn as fs
+from flashsinkhorn import _triton_launch as L
 from flashsinkhorn.backends import TorchBackend, resolve_backend
 from flashsinkhorn.backends import triton as tri_pkg
 from flashsinkhorn.backends.triton import lse, plan
@@ -231,7 +232,8 @@ def test_solve_never_falls_back_with_phases(device, monkeypatch):
     real = lse.symmetric_step
 
     def spy(*a, **kw):
-        if kw.get("guard") is not None:
+        # (on CUDA the first step of a kind also runs once recorded, for its parallel compile)
+        if kw.get("guard") is not None and L._RECORDING.get() is None:
             flags.append(int(kw["guard"].item()))
         return real(*a, **kw)
 
