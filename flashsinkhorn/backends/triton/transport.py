@@ -401,8 +401,9 @@ def _launch_kernels(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, pre
             cfg.block_m, cfg.block_n, cfg.block_d, cfg.d_tiles, cfg.block_d, cfg.d_tiles,
             cfg.block_r, cfg.r_tiles, cfg.num_warps, cfg.num_stages,
         )
-        if 32 < d <= 128 and cfg.d_tiles == 1 and xr.element_size() == 2 and not interpreting():
-            # 16-bit score operands: 256-row tiles, 8 warps (32 rows per warp, as the
+        half = xr.element_size() == 2 and not split_ops
+        if 32 < d <= 128 and cfg.d_tiles == 1 and half and not interpreting():
+            # One 16-bit score operand per point: 256-row tiles, 8 warps (32 rows per warp, as the
             # soft-min's): 12.5 → 6.5 ms at 40k, d = 128 and 13.9 → 5.7 ms at 50k, d = 64
             # (docs/performance.md entry 17). fp32 operand tiles of that size would not fit in
             # shared memory.
