@@ -234,13 +234,96 @@ def prepare(
     m = Y.shape[1]
     # Potentials and reductions in fp32 at least; the points keep a half dtype for the kernels.
     pdtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-    wa = _weights(a, B, n, X, pdtype)
-    wb = _weights(b, B, m, Y, pdtype)
-
-    ma, mb = wa.sum(-1), wb.sum(-1)
+    scaled = X.dtype == torch.float32 and precision in ("tf32", "tf32x3")
     balanced = rho_x is None and rho_y is None
-    # float64 weights are often float32 ones upcast: allow their rounding.
-    rtol = 1e-6 if pdtype == torch.float64 else 1e-4
+    # Value checks: float64 weights are often float32 ones upcast, so allow their rounding.
+    checks = _Checks(
+        a is not None, b is not None, balanced, scaled or check_finite, check_finite,
+        1e-6 if pdtype == torch.float64 else 1e-4,
+    )  # fmt: skip
+    if _fused(X, Y):
+        side_x, side_y, centre = _prepare_fused(X, Y, a, b, rho_x, rho_y, precision, checks)
+    else:
+        wa = _weights(a, B, n, X, pdtype)
+        wb = _weights(b, B, m, Y, pdtype)
+        side_x, side_y, centre = _prepare_torch(X, Y, wa, wb, rho_x, rho_y, precision, checks)
+    if cost != "sqeuclidean" or labels is not None:
+        side_x, side_y = _with_cost(side_x, side_y, cost, labels, sq_floor, B, pdtype)
+    return Problem(side_x, side_y, batched, precision, centre)
+
+
+#: Where ``prepare`` runs its arithmetic: "auto" (the three Triton launches of
+#: backends/triton/prepare.py for float32 CUDA clouds, torch otherwise), "triton" (also on CPU
+#: under the interpreter; tests) or "torch".
+PREPARE_PATH = "auto"
+
+
+def _fused(X: torch.Tensor, Y: torch.Tensor) -> bool:
+    if PREPARE_PATH == "torch" or X.dtype != torch.float32 or Y.dtype != torch.float32:
+        return False
+    return PREPARE_PATH == "triton" or X.is_cuda
+
+
+@dataclass(frozen=True)
+class _Checks:
+    """What the value checks of ``prepare`` look at: given weights, their mass gap (balanced
+    problems with a given weight vector) and the largest centred coordinate (finiteness of
+    the points, and the float16 operand scale)."""
+
+    has_a: bool
+    has_b: bool
+    balanced: bool
+    amax: bool
+    #: raise for NaN/inf points (``prepare``'s check_finite)
+    finite: bool
+    #: largest relative mass gap of a balanced problem
+    rtol: float
+
+    @property
+    def names(self) -> list[str]:
+        return [nm for nm, g in (("a", self.has_a), ("b", self.has_b)) if g]
+
+    @property
+    def gap(self) -> bool:
+        return self.balanced and (self.has_a or self.has_b)
+
+    @property
+    def any(self) -> bool:
+        return bool(self.names) or self.amax
+
+
+def _check_values(per: dict, gap: float, amax: float, checks: _Checks, X, Y) -> None:
+    """Raises for invalid weights or points from the statistics read in one synchronisation.
+
+    ``per`` maps a given weight's name to (min, max, smallest total mass over the batch); a
+    NaN weight makes its min NaN.
+    """
+    for nm, (lo, _, _) in per.items():
+        if lo < 0:
+            raise ValueError(f"{nm} must be non-negative")
+    for nm, (lo, hi, _) in per.items():
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise ValueError(f"{nm} must be finite")
+    if checks.finite and not math.isfinite(amax):
+        # say which cloud
+        for name, t in (("x", X), ("y", Y)):
+            if not bool(torch.isfinite(t).all()):
+                raise ValueError(f"{name} must not contain NaN or inf")
+    for nm, (_, _, mass_min) in per.items():
+        if not mass_min > 0:
+            raise ValueError(f"{nm} must have a positive total mass (all weights are zero)")
+    if checks.gap and gap > checks.rtol:
+        raise ValueError(
+            "a and b must have equal total mass in a balanced problem "
+            f"(relative gap {gap:.2e} > {checks.rtol:g}); normalise them or pass rho_x/rho_y "
+            "for an unbalanced problem"
+        )
+
+
+def _prepare_torch(X, Y, wa, wb, rho_x, rho_y, precision, checks: _Checks):
+    """The sides and centre with torch operations (any device and dtype)."""
+    pdtype = wa.dtype
+    ma, mb = wa.sum(-1), wb.sum(-1)
     # Translation invariance: centre at the joint weighted mean so that fp32 norms stay accurate.
     Xc = X.to(pdtype)
     Yc = Y.to(pdtype)
@@ -257,49 +340,60 @@ def prepare(
     # NaN or inf anywhere makes it non-finite; with "tf32"/"tf32x3" it also sets the operand
     # scale. (Invalid weights make the centre meaningless, but nothing is used before the
     # checks pass.)
-    scaled = X.dtype == torch.float32 and precision in ("tf32", "tf32x3")
-    given = [(nm, w, mw) for nm, w, mw, g in (("a", wa, ma, a), ("b", wb, mb, b)) if g is not None]
+    given = [(nm, w, mw) for nm, w, mw in (("a", wa, ma), ("b", wb, mb)) if nm in checks.names]
     stats: list[torch.Tensor] = []
     for _, w, mw in given:
         stats += [*torch.aminmax(w), mw.min()]
-    gap_check = balanced and bool(given)
-    if gap_check:
+    if checks.gap:
         stats.append(((ma - mb).abs() / torch.maximum(ma, mb)).max())
-    if scaled or check_finite:
+    if checks.amax:
         stats.append(torch.maximum(Xc.abs().max(), Yc.abs().max()))
     vals = torch.stack([t.to(pdtype) for t in stats]).tolist() if stats else []
     wvals, rest = vals[: 3 * len(given)], vals[3 * len(given) :]
     per = {nm: wvals[3 * k : 3 * k + 3] for k, (nm, _, _) in enumerate(given)}
-    for nm, (lo, _, _) in per.items():
-        if lo < 0:
-            raise ValueError(f"{nm} must be non-negative")
-    for nm, (lo, hi, _) in per.items():
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            raise ValueError(f"{nm} must be finite")
-    amax = rest[-1] if (scaled or check_finite) else 0.0
-    if check_finite and not math.isfinite(amax):
-        # say which cloud
-        for name, t in (("x", X), ("y", Y)):
-            if not bool(torch.isfinite(t).all()):
-                raise ValueError(f"{name} must not contain NaN or inf")
-    for nm, (_, _, mass_min) in per.items():
-        if not mass_min > 0:
-            raise ValueError(f"{nm} must have a positive total mass (all weights are zero)")
-    if gap_check and rest[0] > rtol:
-        raise ValueError(
-            "a and b must have equal total mass in a balanced problem "
-            f"(relative gap {rest[0]:.2e} > {rtol:g}); normalise them or pass rho_x/rho_y "
-            "for an unbalanced problem"
-        )
+    amax = rest[-1] if checks.amax else 0.0
+    gap = rest[0] if checks.gap else 0.0
+    _check_values(per, gap, amax, checks, X, Y)
     # Zero-weight points (see Side.has_null).
     null_a = "a" in per and per["a"][0] == 0
     null_b = "b" in per and per["b"][0] == 0
+    scaled = X.dtype == torch.float32 and precision in ("tf32", "tf32x3")
     kscale = kernel_scale(precision, amax) if scaled else 1.0
     side_x = centred_side(Xc, X.dtype, wa, rho_x, precision, kscale, null_a)
     side_y = centred_side(Yc, X.dtype, wb, rho_y, precision, kscale, null_b)
-    if cost != "sqeuclidean" or labels is not None:
-        side_x, side_y = _with_cost(side_x, side_y, cost, labels, sq_floor, B, pdtype)
-    return Problem(side_x, side_y, batched, precision, centre)
+    return side_x, side_y, centre
+
+
+def _prepare_fused(X, Y, a, b, rho_x, rho_y, precision, checks: _Checks):
+    """The sides and centre of float32 clouds in three Triton launches and the same one
+    synchronisation (backends/triton/prepare.py)."""
+    from .backends.triton import prepare as tp
+
+    tp.precompile(X, Y, a, b, precision)
+    outs = tp.outputs(X, Y, a, b, precision)
+    centre, st = tp.stats(X, Y, a, b, outs)
+    rows = st.tolist() if checks.any else []
+    per = {}
+    for nm, k, nan in (("a", 0, 7), ("b", 3, 8)):
+        if nm in checks.names:
+            lo = min(r[k] for r in rows)
+            if any(r[nan] > 0 for r in rows):
+                lo = math.nan
+            per[nm] = (lo, max(r[k + 1] for r in rows), min(r[k + 2] for r in rows))
+    gap = 0.0
+    if checks.gap:
+        gap = max(abs(r[2] - r[5]) / max(r[2], r[5]) if max(r[2], r[5]) > 0 else math.nan
+                  for r in rows)  # fmt: skip
+    amax = max(r[6] for r in rows) if checks.amax else 0.0
+    _check_values(per, gap, amax, checks, X, Y)
+    scaled = precision in ("tf32", "tf32x3")
+    kscale = kernel_scale(precision, amax) if scaled else 1.0
+    ox, oy = tp.sides(X, Y, a, b, centre, precision, kscale, outs)
+    null_a = "a" in per and per["a"][0] == 0
+    null_b = "b" in per and per["b"][0] == 0
+    side_x = Side(ox["x"], ox["sq"], ox["w"], ox["logw"], rho_x, ox["xk"], kscale, null_a)
+    side_y = Side(oy["x"], oy["sq"], oy["w"], oy["logw"], rho_y, oy["xk"], kscale, null_b)
+    return side_x, side_y, centre
 
 
 def centred_side(

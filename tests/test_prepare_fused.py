@@ -1,0 +1,175 @@
+"""The fused prepare (backends/triton/prepare.py) against the torch path of problem.prepare.
+
+On CPU the kernels run under the interpreter (``PREPARE_PATH = "triton"``); on CUDA the same
+tests compare the compiled kernels with the torch path. Sizes are odd and cross the 64-row
+blocks; d covers 1, 3, 17 and 130 (more than one feature chunk).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import flashsinkhorn as fs
+from flashsinkhorn import problem as P
+
+
+@pytest.fixture
+def path(monkeypatch):
+    def use(kind):
+        monkeypatch.setattr(P, "PREPARE_PATH", kind)
+
+    return use
+
+
+def _both(path, *args, **kw):
+    path("torch")
+    ref = P.prepare(*args, **kw)
+    path("triton")
+    got = P.prepare(*args, **kw)
+    return ref, got
+
+
+def _clouds(device, B, n, m, d, seed=0, spread=3.0):
+    g = torch.Generator().manual_seed(seed)
+    shape_x = (B, n, d) if B else (n, d)
+    shape_y = (B, m, d) if B else (m, d)
+    x = (torch.rand(shape_x, generator=g) * spread + 5.0).to(device)
+    y = (torch.randn(shape_y, generator=g) * spread).to(device)
+    return x, y, g
+
+
+def _grid_mismatch(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Fraction of coordinates that differ (a centre rounded differently can move a coordinate
+    on a float16 rounding boundary by one grid step)."""
+    return (a != b).float().mean().item()
+
+
+@pytest.mark.parametrize("precision", ["ieee", "tf32", "tf32x3"])
+@pytest.mark.parametrize(("B", "n", "m", "d"), [(0, 70, 37, 3), (0, 129, 65, 1), (2, 67, 90, 17),
+                                                (3, 33, 71, 130)])  # fmt: skip
+@pytest.mark.parametrize("weights", ["none", "given"])
+def test_fused_prepare_matches_torch(device, path, precision, B, n, m, d, weights):
+    x, y, g = _clouds(device, B, n, m, d)
+    a = b = None
+    if weights == "given":
+        a = torch.rand(x.shape[:-1], generator=g, dtype=torch.float64).to(device) + 0.1
+        b = torch.rand(y.shape[-2], generator=g).to(device) + 0.1  # shared (m,) when batched
+        b = b / b.sum() * a.sum(-1, keepdim=True).float().mean()
+        a = a / a.sum(-1, keepdim=True) * b.sum()
+    ref, got = _both(path, x, y, a, b, rho_x=None, rho_y=None, precision=precision)
+    assert got.precision == ref.precision and got.batched == ref.batched
+    torch.testing.assert_close(got.centre, ref.centre, rtol=2e-6, atol=2e-6)
+    for rs, gs in ((ref.X, got.X), (ref.Y, got.Y)):
+        assert gs.kscale == rs.kscale and gs.has_null == rs.has_null
+        for name in ("x", "sq", "w", "logw"):
+            t = getattr(gs, name)
+            assert t.shape == getattr(rs, name).shape and t.dtype == getattr(rs, name).dtype
+            assert t.is_contiguous()
+        torch.testing.assert_close(gs.w, rs.w, rtol=0, atol=0)
+        torch.testing.assert_close(gs.logw, rs.logw, rtol=1e-6, atol=1e-6)
+        # the norms are those of the points the kernels read
+        torch.testing.assert_close(gs.sq, (gs.x * gs.x).sum(-1), rtol=1e-6, atol=1e-5)
+        if precision == "tf32":
+            assert gs.xk.dtype == torch.float16
+            assert torch.equal(gs.x, gs.xk.float() * gs.kscale)
+            assert _grid_mismatch(gs.xk, rs.xk) < 0.02
+            torch.testing.assert_close(gs.x, rs.x, rtol=2.0**-10, atol=1e-5)
+        elif precision == "tf32x3":
+            dd = gs.x.shape[-1]
+            assert gs.xk.shape[-1] == 2 * dd
+            parts = (gs.xk[..., :dd].float() + gs.xk[..., dd:].float()) * gs.kscale
+            torch.testing.assert_close(parts, gs.x, rtol=2.0**-20, atol=1e-6)
+            torch.testing.assert_close(gs.x, rs.x, rtol=1e-6, atol=1e-5)
+        else:
+            assert gs.xk is None
+            torch.testing.assert_close(gs.x, rs.x, rtol=1e-6, atol=1e-5)
+
+
+def test_fused_prepare_uniform_weights_and_strides(device, path):
+    # Non-contiguous clouds (every other row, transposed storage) read through their strides.
+    g = torch.Generator().manual_seed(1)
+    xs = torch.rand(150, 5, generator=g).to(device)
+    ys = torch.rand(5, 71, generator=g).to(device)
+    x, y = xs[::2], ys.t()
+    assert not x.is_contiguous() and not y.is_contiguous()
+    ref, got = _both(path, x, y, None, None, rho_x=None, rho_y=None, precision="tf32")
+    torch.testing.assert_close(got.centre, ref.centre, rtol=2e-6, atol=2e-6)
+    assert torch.equal(got.X.w, torch.full((1, 75), 1 / 75, device=device))
+    torch.testing.assert_close(got.Y.logw, torch.full((1, 71), math.log(1 / 71), device=device))
+    torch.testing.assert_close(got.X.x, ref.X.x, rtol=2.0**-10, atol=1e-6)
+    torch.testing.assert_close(got.Y.x, ref.Y.x, rtol=2.0**-10, atol=1e-6)
+    # the caller's tensors are untouched
+    assert torch.equal(xs[::2], x)
+
+
+def test_fused_prepare_zero_weights_and_scale(device, path):
+    x, y, g = _clouds(device, 0, 70, 45, 3, spread=1000.0)
+    a = torch.rand(70, generator=g).to(device)
+    a[[0, 69]] = 0.0
+    a = a / a.sum()
+    ref, got = _both(path, x, y, a, None, rho_x=None, rho_y=None, precision="tf32")
+    assert got.X.has_null and not got.Y.has_null
+    assert got.X.kscale == ref.X.kscale > 1.0
+    assert got.X.w.data_ptr() == a.data_ptr()  # float32 contiguous weights are not copied
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("neg_a", "a must be non-negative"),
+        ("nan_a", "a must be finite"),
+        ("inf_b", "b must be finite"),
+        ("nan_x", "x must not contain NaN or inf"),
+        ("inf_y", "y must not contain NaN or inf"),
+        ("zero_a", "a must have a positive total mass"),
+        ("gap", "equal total mass"),
+    ],
+)
+def test_fused_prepare_errors_match_torch(device, path, case, message):
+    x, y, g = _clouds(device, 0, 70, 45, 17)
+    a = torch.full((70,), 1 / 70, device=device)
+    b = torch.full((45,), 1 / 45, device=device)
+    if case == "neg_a":
+        a[3] = -0.01
+    elif case == "nan_a":
+        a[69] = float("nan")
+    elif case == "inf_b":
+        b[0] = float("inf")
+    elif case == "nan_x":
+        x[65, 16] = float("nan")
+    elif case == "inf_y":
+        y[44, 0] = float("-inf")
+    elif case == "zero_a":
+        a.zero_()
+    elif case == "gap":
+        b = b * 1.01
+    for kind in ("torch", "triton"):
+        path(kind)
+        with pytest.raises(ValueError, match=message):
+            P.prepare(x, y, a, b, rho_x=None, rho_y=None, precision="tf32")
+
+
+def test_fused_prepare_solve_matches_torch_path(device, path):
+    x, y, g = _clouds(device, 0, 90, 77, 17)
+    a = torch.rand(90, generator=g).to(device) + 0.2
+    a = a / a.sum()
+    kw = dict(eps=0.3, n_iters=5, tol=None, precision="tf32", backend="triton")
+    path("torch")
+    ref = fs.sinkhorn(x, y, a, None, **kw)
+    path("triton")
+    got = fs.sinkhorn(x, y, a, None, **kw)
+    torch.testing.assert_close(got.f, ref.f, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got.g, ref.g, rtol=1e-4, atol=1e-4)
+    assert abs(float(got.value) - float(ref.value)) <= 1e-4 * abs(float(ref.value)) + 1e-5
+
+
+def test_prepare_path_auto_selects_by_device_and_dtype(monkeypatch):
+    monkeypatch.setattr(P, "PREPARE_PATH", "auto")
+    x = torch.zeros(3, 2)
+    assert P._fused(x, x) == x.is_cuda
+    assert not P._fused(x.double(), x.double())
+    monkeypatch.setattr(P, "PREPARE_PATH", "triton")
+    assert P._fused(x, x) and not P._fused(x.half(), x.half())
