@@ -245,3 +245,24 @@ def test_solve_never_falls_back_with_phases(device, monkeypatch):
     ref = fs.sinkhorn(x.double().cpu(), y.double().cpu(), eps=0.1, n_iters=10, tol=None,
                       schedule="symmetric", backend="torch", precision="ieee")  # fmt: skip
     assert (res.value.double().cpu() - ref.value).abs() <= 1e-5 * ref.value.abs()
+
+
+def test_split_for_fills_one_wave_where_the_residency_is_known(monkeypatch):
+    from flashsinkhorn.backends.triton import lse
+    from flashsinkhorn.backends.triton.configs import LSEConfig
+
+    monkeypatch.setattr(lse, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(lse, "FORCE_SPLIT", None)
+    cuda = torch.device("cuda")
+    cfg = LSEConfig(128, 128, 64, 1, 4, 3, blocks_per_sm=3)
+    # 10k, d = 64: 79 row blocks, 3 x 132 = 396 slots -> 5 chunks (395 blocks, one wave)
+    assert plan.split_for(79, 10_000, cfg, cuda) == 5
+    # no room for two chunks per wave (50k: 391 blocks): the soft-min's rule (4 per SM)
+    assert plan.split_for(391, 50_000, cfg, cuda) == lse.split_count(391, 50_000, 128, cuda) == 2
+    # never more chunks than column tiles
+    assert plan.split_for(10, 300, cfg, cuda) == 3
+    # without a measured residency, or with a forced split, the soft-min's rule
+    plain = LSEConfig(128, 128, 64, 1, 4, 3)
+    assert plan.split_for(79, 10_000, plain, cuda) == lse.split_count(79, 10_000, 128, cuda) == 7
+    monkeypatch.setattr(lse, "FORCE_SPLIT", 2)
+    assert plan.split_for(79, 10_000, cfg, cuda) == 2

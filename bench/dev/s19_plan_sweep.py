@@ -17,6 +17,7 @@ import flashsinkhorn as fs
 from flashsinkhorn.backends.triton import configs, lse, plan
 from flashsinkhorn.problem import prepare
 
+# (rows, columns, warps, stages[, maxnreg])
 SHAPES = {
     64: [(128, 128, 4, 3), (128, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 3), (256, 64, 8, 3),
          (128, 256, 8, 3), (64, 256, 4, 3)],
@@ -24,6 +25,25 @@ SHAPES = {
           (256, 64, 8, 3), (128, 128, 8, 3)],
 }  # fmt: skip
 SPLITS = [None, 2, 3, 4, 6, 8, 12]
+if os.environ.get("S19_SWEEP") == "regs":
+    # session 19, after ncu (registers limit the plan kernel to 3 / 1 blocks per SM at 10k)
+    SHAPES = {
+        64: [
+            (128, 128, 4, 3, 128),
+            (128, 128, 4, 3, 120),
+            (128, 128, 4, 2),
+            (128, 128, 4, 2, 128),
+            (128, 64, 4, 3, 128),
+        ],
+        128: [
+            (256, 128, 8, 3, 128),
+            (256, 128, 8, 2, 128),
+            (128, 128, 4, 3, 128),
+            (128, 128, 4, 2, 128),
+            (128, 64, 4, 3, 128),
+        ],
+    }
+    SPLITS = [None, 4, 5, 6, 8]
 
 
 def graph_ms(fn, reps=20) -> float:
@@ -62,10 +82,14 @@ def main(out_dir: str, sizes) -> None:
                 if shape is None:
                     plan.plan_config = real_cfg
                 else:
-                    bm, bn, w, st = shape
-                    plan.plan_config = lambda dd, half, bm=bm, bn=bn, w=w, st=st: configs.LSEConfig(
-                        bm, bn, max(16, 1 << (dd - 1).bit_length()), 1, w, st
-                    )
+                    bm, bn, w, st = shape[:4]
+                    mr = shape[4] if len(shape) > 4 else None
+
+                    def cfg(dd, half, bm=bm, bn=bn, w=w, st=st, mr=mr):
+                        bd = max(16, 1 << (dd - 1).bit_length())
+                        return configs.LSEConfig(bm, bn, bd, 1, w, st, mr)
+
+                    plan.plan_config = cfg
                 lse.FORCE_SPLIT = split
 
                 def steps():

@@ -24,6 +24,18 @@ class LSEConfig:
     d_tiles: int
     num_warps: int
     num_stages: int
+    #: register cap per thread passed to ptxas (None: its own choice)
+    maxnreg: int | None = None
+    #: blocks of this config resident per SM, where measured (Nsight Compute): the plan step
+    #: then splits the columns so that its grid fills one wave (plan.split_for)
+    blocks_per_sm: int | None = None
+
+    def launch_options(self) -> dict:
+        """num_warps, num_stages and, when set, maxnreg, as launch keywords."""
+        kw = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        if self.maxnreg is not None:
+            kw["maxnreg"] = self.maxnreg
+        return kw
 
 
 def interpreting() -> bool:
@@ -102,6 +114,11 @@ def _plan_config(d: int, half_operands: bool, interp: bool) -> LSEConfig:
     # (bench/results/dev/plan_sweep_h200_s17_run2.json, docs/performance.md entry 16):
     # d <= 64: 128 x 128 / 4 warps (50k: 20.7 ms per 10 steps, against 22.2 for 128 x 64);
     # d <= 128: 256 x 128 / 8 warps (10k: 2.35 ms against 4.0 for 128 x 64; 40k: 22.7 / 22.2).
+    # Session 19 (Nsight Compute, bench/results/dev/ncu_plan_transport_h200_s19.txt; sweep
+    # s19_plan_sweep_regs_h200.json, entry 18): the d <= 64 kernel takes 168 registers, so 3
+    # blocks fit per SM, and its 10k grid was 1.4 waves (one wave: 1.11 -> 0.97 ms per 10
+    # steps); the d <= 128 kernel takes 221 registers, one block per SM, and capped at 128 it
+    # runs 1.57 -> 1.41 ms at 10k and 22.5 -> 19.2 ms at 40k (a cap of 128 at d <= 64 lost 30 %).
     if d <= 64:
-        return LSEConfig(128, 128, base.block_d, 1, 4, 3)
-    return LSEConfig(256, 128, base.block_d, 1, 8, 3)
+        return LSEConfig(128, 128, base.block_d, 1, 4, 3, blocks_per_sm=3)
+    return LSEConfig(256, 128, base.block_d, 1, 8, 3, maxnreg=128)

@@ -266,6 +266,18 @@ _FINISH_BLOCK = 128
 _FINISH_PARTS = 16
 
 
+def split_for(n_programs: int, n_cols: int, cfg, device) -> int:
+    """Column chunks per row-block group. Where the config knows how many of its blocks fit on
+    an SM, as many chunks as fill one wave of the GPU, when that is at least two (10k, d = 64:
+    5 chunks, 395 blocks for 396 slots, instead of 7 chunks in 1.4 waves); otherwise, and for
+    grids already past a wave, the soft-min's rule (about four programs per SM)."""
+    if cfg.blocks_per_sm is not None and lse.FORCE_SPLIT is None and device.type == "cuda":
+        per_wave = cfg.blocks_per_sm * lse._sm_count(device) // n_programs
+        if per_wave >= 2:
+            return min(per_wave, cdiv(n_cols, cfg.block_n))
+    return lse.split_count(n_programs, n_cols, cfg.block_n, device)
+
+
 def eligible(X: Side, Y: Side) -> bool:
     """True when the plan step can serve this problem: no label term (its table would have to
     be the same seen from both sides) and no zero-weight points (their plan rows are zero)."""
@@ -357,7 +369,7 @@ def _symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision,
     # column partials), the columns split as for the soft-min so that the grid fills the GPU.
     groups = min(nbx, GROUPS_PER_SM * lse._sm_count(X.x.device))
     grouped = groups < nbx
-    split = lse.split_count(groups * B, m, cfg.block_n, X.x.device)
+    split = split_for(groups * B, m, cfg, X.x.device)
     cps = lse._chunk(m, split, cfg.block_n)
     split = cdiv(m, cps)
     prow = torch.empty((split,) + tuple(f.shape), dtype=torch.float32, device=f.device)
@@ -383,8 +395,7 @@ def _symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
         PRECISION=prec, EUCLID=euclid, EVEN_D=d == cfg.block_d and cfg.d_tiles == 1,
         GROUPED=grouped,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **FP_FUSION,
+        **cfg.launch_options(), **FP_FUSION,
     )  # fmt: skip
     launch(_plan_finish_kernel, grid,
         prow, pcol, X.sq, Y.sq, u, v, f, g, f_new, g_new, f_raw, g_raw, flag, shift,

@@ -105,6 +105,22 @@ def transport_config(d: int, p: int, r: int) -> TransportConfig:
     return TransportConfig(64, 64, bd, dt, bp, pt, br, rt, 8 if wide else 4, 2)
 
 
+def grad_tiles(d: int) -> tuple[int, int, int, int] | None:
+    """(rows, columns, warps, stages) of the gradient's transport pass for one 16-bit score
+    operand per point, or None for the rule of :func:`transport_config`.
+
+    Measured on the H200 (docs/performance.md entries 17 and 18): at 32 < d <= 64, 256 x 64
+    tiles with 8 warps (50k: 13.9 → 5.7 ms; 10k: 0.75 → 0.39 ms); at 64 < d <= 128, 128 x 128
+    with 8 warps (10k: 0.72 ms against 0.93 for 256 x 64, 40k: 6.95 against 6.33). fp32
+    operand tiles of these sizes would not fit in shared memory.
+    """
+    if 32 < d <= 64:
+        return (256, 64, 8, 2)
+    if 64 < d <= 128:
+        return (128, 128, 8, 2)
+    return None
+
+
 # Kernel argument lists are grouped by role (tensors, sizes, strides, constexprs), one
 # group per line; the formatter would put one argument per line.
 # fmt: off
@@ -402,12 +418,10 @@ def _launch_kernels(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, pre
             cfg.block_r, cfg.r_tiles, cfg.num_warps, cfg.num_stages,
         )
         half = xr.element_size() == 2 and not split_ops
-        if 32 < d <= 128 and cfg.d_tiles == 1 and half and not interpreting():
-            # One 16-bit score operand per point: 256-row tiles, 8 warps (32 rows per warp, as the
-            # soft-min's): 12.5 → 6.5 ms at 40k, d = 128 and 13.9 → 5.7 ms at 50k, d = 64
-            # (docs/performance.md entry 17). fp32 operand tiles of that size would not fit in
-            # shared memory.
-            cfg = replace(cfg, block_m=256, block_n=64, num_warps=8, num_stages=2)
+        tiles = grad_tiles(d) if cfg.d_tiles == 1 and half and not interpreting() else None
+        if tiles is not None:
+            bm, bn, warps, stages = tiles
+            cfg = replace(cfg, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
     if has_v:
         V = V.contiguous()
         # The wide path accumulates in Out: start it at zero.
