@@ -11,6 +11,8 @@ the parallel compilation of a step's kernels on first use.
 """
 
 import os
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 
@@ -68,6 +70,22 @@ def launch(kernel, grid, *args, **kwargs) -> None:
         pending.append((kernel, grid, args, kwargs))
 
 
+def _compile_and_load(kernel, grid, args, kwargs) -> None:
+    """Compiles one recorded launch and, where Triton allows, builds its launcher and loads its
+    binary too (``CompiledKernel._init_handles``, otherwise done by the first launch on the
+    main thread: 1.3-1.7 s for the three prepare kernels of a fresh process on the H200,
+    docs/performance.md entry 18)."""
+    compiled = kernel.warmup(*args, grid=grid, **kwargs)
+    init = getattr(compiled, "_init_handles", None)
+    if not callable(init):
+        return
+    dev = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
+    if dev is None:
+        return
+    with torch.cuda.device(dev):
+        init()
+
+
 def precompile_once(key, fn, *args, **kwargs) -> None:
     """On the first call with ``key`` (per process), compiles the kernels that ``fn(*args,
     **kwargs)`` launches through :func:`launch`, in parallel threads; later calls return at
@@ -82,11 +100,13 @@ def precompile_once(key, fn, *args, **kwargs) -> None:
     finally:
         _RECORDING.reset(token)
     if pending:
+        t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=min(8, len(pending))) as pool:
-            futures = [
-                pool.submit(lambda k=k, g=g, a=a, kw=kw: k.warmup(*a, grid=g, **kw))
-                for k, g, a, kw in pending
-            ]
+            futures = [pool.submit(_compile_and_load, *job) for job in pending]
             for fut in futures:
                 fut.result()
+        if os.environ.get("FLASHSINKHORN_COMPILE_LOG") == "1":
+            dt = time.perf_counter() - t0
+            print(f"flashsinkhorn: compiled {len(pending)} kernels for {key[0]!r} in {dt:.2f} s",
+                  file=sys.stderr)  # fmt: skip
     _PRECOMPILED.add(key)

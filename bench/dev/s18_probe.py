@@ -39,6 +39,18 @@ def compile_mode(mode: str) -> dict:
         g = torch.Generator(device="cuda").manual_seed(0)
         x = torch.rand(10_000, 64, device="cuda", generator=g)
         y = torch.rand(10_000, 64, device="cuda", generator=g)
+        from flashsinkhorn import functional
+
+        real_prepare = functional.prepare
+
+        def timed_prepare(*a, **k):
+            t1 = time.perf_counter()
+            p_ = real_prepare(*a, **k)
+            torch.cuda.synchronize()
+            out["prepare_s"] = time.perf_counter() - t1
+            return p_
+
+        functional.prepare = timed_prepare
         t = time.perf_counter()
         r = fs.sinkhorn(x, y, eps=0.1, n_iters=10, tol=None, schedule="symmetric", precision="tf32")
         float(r.value)
