@@ -33,7 +33,8 @@ from ..._triton_launch import FP_FUSION, cdiv, launch, next_pow2, precompile_onc
 
 #: Precision codes of the side kernel: exact points, the float16 grid, float16 hi/lo parts.
 _PRECISIONS = {"ieee": 0, "tf32": 1, "tf32x3": 2}
-#: Values per problem in the statistics vector (see ``stats``).
+#: Values per problem in the statistics vector (see ``stats``; _prepare_reduce_kernel writes
+#: exactly these nine, in that order).
 N_STATS = 9
 
 _BLOCK = 64
@@ -245,7 +246,7 @@ def _log_inv(n: int) -> float:
     return math.log(float(torch.tensor(1.0 / n, dtype=torch.float32)))
 
 
-def _weight_args(w: torch.Tensor | None, B: int) -> tuple:
+def _weight_args(w: torch.Tensor | None) -> tuple:
     """(tensor, batch stride, point stride) of a (n,) or (B, n) weight vector; a dummy when
     None."""
     if w is None:
@@ -279,8 +280,8 @@ def stats(X: torch.Tensor, Y: torch.Tensor, a, b, outs: dict) -> tuple[torch.Ten
     part, ps, st = _carve(dev, [((3, B, n_prog, d), f32), ((B, n_prog, 4), f32),
                                 ((B, N_STATS), f32)])  # fmt: skip
     centre = outs["centre"]
-    wa, s_ab, s_an = _weight_args(a, B)
-    wb, s_bb, s_bn = _weight_args(b, B)
+    wa, s_ab, s_an = _weight_args(a)
+    wb, s_bb, s_bn = _weight_args(b)
     bd = _block_d(d)
     launch(_prepare_stats_kernel, (n_prog, B),
         X, Y, wa if wa is not None else ps, wb if wb is not None else ps,
@@ -367,8 +368,8 @@ def sides(X, Y, a, b, centre, precision: str, scale: float, outs: dict) -> tuple
     kd = 0 if prec == 0 else (d if prec == 1 else 2 * d)
     ox, oy = outs["x"], outs["y"]
     write_a, write_b = ox["write_w"], oy["write_w"]
-    wa, s_ab, s_an = _weight_args(a, B)
-    wb, s_bb, s_bn = _weight_args(b, B)
+    wa, s_ab, s_an = _weight_args(a)
+    wb, s_bb, s_bn = _weight_args(b)
     n_bx, n_by = cdiv(n, _BLOCK), cdiv(m, _BLOCK)
     dummy = ox["sq"]
     launch(_prepare_side_kernel, (n_bx + n_by, B),
