@@ -1,8 +1,11 @@
-"""Capture of a function's launches into a CUDA graph (shared by the graphed CG blocks and the
-cached fixed-iteration solves)."""
+"""Capture of a function's launches into a CUDA graph (shared by the graphed CG blocks, the
+cached fixed-iteration solves and the cached launches of ``prepare``), and the cache that
+replays them."""
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -35,3 +38,81 @@ def capture(fn: Callable[[], T], device: torch.device) -> tuple[torch.cuda.CUDAG
     except RuntimeError:
         return None
     return graph, out
+
+
+class _Graphed:
+    def __init__(self, graph: torch.cuda.CUDAGraph, outs: tuple):
+        self.graph, self.outs = graph, outs
+
+
+_MISSING = object()
+
+
+class GraphCache:
+    """Launch sequences replayed from CUDA graphs, keyed by everything they depend on.
+
+    ``run(key, fn, device)`` runs ``fn`` eagerly the first time ``key`` is met, captures it the
+    second time (then replays the capture), and replays it from then on. ``fn`` must launch
+    work without host synchronisation and return a tuple; its tensors are the graph's own
+    buffers on a replay, cloned for the caller when ``clone`` is set. The ``max_graphs`` most
+    recently used graphs are kept.
+    """
+
+    def __init__(self, max_graphs: int):
+        self.max_graphs = max_graphs
+        self._lock = threading.Lock()
+        self._graphs: OrderedDict = OrderedDict()  # key -> _Graphed, or None: capture failed
+        self._seen: OrderedDict = OrderedDict()  # keys met once, not captured yet
+        self._stats = {"captured": 0, "failed": 0, "replayed": 0}
+
+    def run(self, key, fn: Callable[[], tuple], device, clone: bool = True) -> tuple:
+        with self._lock:
+            entry = self._graphs.get(key, _MISSING)
+            if entry is _MISSING:
+                if key not in self._seen:
+                    self._seen[key] = True
+                    while len(self._seen) > 4 * self.max_graphs:
+                        self._seen.popitem(last=False)
+                    entry = None
+                else:
+                    del self._seen[key]
+                    got = capture(lambda: tuple(fn()), device)
+                    entry = self._graphs[key] = None if got is None else _Graphed(*got)
+                    self._stats["captured" if entry is not None else "failed"] += 1
+                    while len(self._graphs) > self.max_graphs:
+                        self._graphs.popitem(last=False)
+            else:
+                self._graphs.move_to_end(key)
+            if entry is not None:
+                # under the lock: another thread replaying the same graph shares its buffers
+                entry.graph.replay()
+                self._stats["replayed"] += 1
+                if not clone:
+                    return entry.outs
+                return tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in entry.outs)
+        return fn()
+
+    def stats(self) -> dict[str, int]:
+        """Counts of graphs captured, captures that failed, and replays, since clear()."""
+        with self._lock:
+            return dict(self._stats)
+
+    def clear(self) -> None:
+        """Drops every cached graph (and the memory they hold)."""
+        with self._lock:
+            self._graphs.clear()
+            self._seen.clear()
+            for k in self._stats:
+                self._stats[k] = 0
+
+    def seen(self) -> int:
+        """Keys met once and not captured yet."""
+        with self._lock:
+            return len(self._seen)
+
+
+def tensor_key(t) -> tuple | None:
+    """What a launch depends on of a tensor argument: address, shape, strides, dtype, device."""
+    if t is None:
+        return None
+    return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)

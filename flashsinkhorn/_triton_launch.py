@@ -110,3 +110,65 @@ def precompile_once(key, fn, *args, **kwargs) -> None:
             print(f"flashsinkhorn: compiled {len(pending)} kernels for {key[0]!r} in {dt:.2f} s",
                   file=sys.stderr)  # fmt: skip
     _PRECOMPILED.add(key)
+
+
+# Resident blocks per SM of a compiled kernel. Grids are planned to fill whole waves of the
+# GPU (a 4.2-wave grid runs as 5 waves); how many blocks of a kernel fit on an SM at once
+# depends on the registers ptxas gave it, which only the compiled kernel knows and which one
+# Triton release may change from the next.
+
+_RESIDENT: dict = {}
+_SM_LIMITS: dict[int, tuple[int, int, int]] = {}
+
+
+def _sm_limits(device: torch.device) -> tuple[int, int, int]:
+    """(registers, shared-memory bytes, threads) of one SM, cached."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    got = _SM_LIMITS.get(idx)
+    if got is None:
+        p = torch.cuda.get_device_properties(idx)
+        got = _SM_LIMITS[idx] = (
+            int(getattr(p, "regs_per_multiprocessor", 65536)),
+            int(getattr(p, "shared_memory_per_multiprocessor", 233472)),
+            int(getattr(p, "max_threads_per_multi_processor", 2048)),
+        )
+    return got
+
+
+def blocks_per_sm(n_regs: int, shared: int, num_warps: int, limits: tuple[int, int, int]) -> int:
+    """Blocks of a kernel resident on one SM: registers are allocated per warp in units of 256,
+    each block also reserves 1 KB of shared memory, and an SM holds at most 32 blocks."""
+    regs, smem, threads = limits
+    per_warp = -(-max(n_regs, 1) * 32 // 256) * 256
+    by_regs = (regs // per_warp) // num_warps
+    by_smem = smem // (shared + 1024)
+    by_threads = threads // (32 * num_warps)
+    return max(1, min(by_regs, by_smem, by_threads, 32))
+
+
+def resident_blocks(key, kernel, grid, *args, **kwargs) -> int | None:
+    """Blocks per SM of the kernel that ``kernel[grid](*args, **kwargs)`` would run, cached
+    under ``key`` (which must fix every compile-time choice of that launch). The first call
+    compiles and loads it if needed. None under the interpreter, while launches are only being
+    recorded (:func:`precompile_once`), or when this Triton does not report registers."""
+    got = _RESIDENT.get(key)
+    if got is not None or key in _RESIDENT:
+        return got
+    if _RECORDING.get() is not None or os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    dev = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
+    blocks = None
+    if dev is not None:
+        compiled = kernel.warmup(*args, grid=grid, **kwargs)
+        with torch.cuda.device(dev):
+            init = getattr(compiled, "_init_handles", None)
+            if callable(init):
+                init()
+        n_regs = getattr(compiled, "n_regs", None)
+        meta = getattr(compiled, "metadata", None)
+        if isinstance(n_regs, int) and n_regs > 0 and meta is not None:
+            shared = int(getattr(meta, "shared", 0))
+            warps = int(getattr(meta, "num_warps", kwargs.get("num_warps", 4)))
+            blocks = blocks_per_sm(n_regs, shared, warps, _sm_limits(dev))
+    _RESIDENT[key] = blocks
+    return blocks

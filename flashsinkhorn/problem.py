@@ -371,7 +371,7 @@ def _prepare_fused(X, Y, a, b, rho_x, rho_y, precision, checks: _Checks):
 
     tp.precompile(X, Y, a, b, precision)
     outs = tp.outputs(X, Y, a, b, precision)
-    centre, st = tp.stats(X, Y, a, b, outs)
+    centre, st = tp.run_stats(X, Y, a, b, outs)
     rows = st.tolist() if checks.any else []
     per = {}
     for nm, k, nan in (("a", 0, 7), ("b", 3, 8)):
@@ -388,7 +388,7 @@ def _prepare_fused(X, Y, a, b, rho_x, rho_y, precision, checks: _Checks):
     _check_values(per, gap, amax, checks, X, Y)
     scaled = precision in ("tf32", "tf32x3")
     kscale = kernel_scale(precision, amax) if scaled else 1.0
-    ox, oy = tp.sides(X, Y, a, b, centre, precision, kscale, outs)
+    ox, oy = tp.run_sides(X, Y, a, b, centre, precision, kscale, outs)
     null_a = "a" in per and per["a"][0] == 0
     null_b = "b" in per and per["b"][0] == 0
     side_x = Side(ox["x"], ox["sq"], ox["w"], ox["logw"], rho_x, ox["xk"], kscale, null_a)

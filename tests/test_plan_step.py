@@ -266,3 +266,38 @@ def test_split_for_fills_one_wave_where_the_residency_is_known(monkeypatch):
     assert plan.split_for(79, 10_000, plain, cuda) == lse.split_count(79, 10_000, 128, cuda) == 7
     monkeypatch.setattr(lse, "FORCE_SPLIT", 2)
     assert plan.split_for(79, 10_000, cfg, cuda) == 2
+
+
+def test_wave_split_cost_model(monkeypatch):
+    from flashsinkhorn.backends.triton import lse
+
+    monkeypatch.setattr(lse, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(lse, "FORCE_SPLIT", None)
+    cuda = torch.device("cuda")
+    # the gradient pass at 10k, d = 128: 79 row blocks, 1 per SM. 7 chunks (the old rule) run
+    # in 5 waves (cost 5/7); 5 chunks in 3 full waves (3/5), the ideal being 79/132.
+    assert lse.wave_split(79, 10_000, 128, 1, cuda) == 5
+    for s in range(1, 20):
+        cost = -(-79 * s // 132) / s
+        assert cost >= 0.6 - 1e-12
+    # a grid past several waves, too: 313 blocks (40k) -> 5 chunks, 12 waves of 1/5 (2.4
+    # against 2.5 for the old 2 chunks)
+    assert lse.wave_split(313, 40_000, 128, 1, cuda) == 5
+
+
+def test_blocks_per_sm_matches_nsight_compute():
+    from flashsinkhorn._triton_launch import blocks_per_sm
+
+    h100 = (65536, 233472, 2048)
+    # Nsight Compute on the H200 (bench/results/dev/ncu_plan_transport_h200_s19.txt): the plan
+    # kernel at d = 64 (168 registers, 4 warps, 3 by registers, 4 by shared memory), at
+    # d = 128 (221 registers, 8 warps: 1), the gradient pass (255 registers, 8 warps: 1)
+    assert blocks_per_sm(168, 50_000, 4, h100) == 3
+    assert blocks_per_sm(221, 90_000, 8, h100) == 1
+    assert blocks_per_sm(255, 150_000, 8, h100) == 1
+    # capped at 128 registers two blocks of 8 warps fit, if shared memory allows
+    assert blocks_per_sm(128, 90_000, 8, h100) == 2
+    assert blocks_per_sm(128, 120_000, 8, h100) == 1
+    # small kernels: the 32-block and thread limits
+    assert blocks_per_sm(16, 0, 1, h100) == 32
+    assert blocks_per_sm(32, 0, 4, h100) == 16

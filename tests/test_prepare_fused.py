@@ -173,3 +173,54 @@ def test_prepare_path_auto_selects_by_device_and_dtype(monkeypatch):
     assert not P._fused(x.double(), x.double())
     monkeypatch.setattr(P, "PREPARE_PATH", "triton")
     assert P._fused(x, x) and not P._fused(x.half(), x.half())
+
+
+@pytest.mark.gpu
+def test_prepare_graphs_replay_new_values_and_scales(path):
+    # Once a call pattern repeats, stats and sides replay from CUDA graphs keyed on addresses:
+    # a replay must read the values now at those addresses (new points, a new operand scale,
+    # invalid weights) exactly as the eager launches would.
+    from flashsinkhorn.backends.triton import prepare as tp
+
+    dev = torch.device("cuda")
+    x, y, g = _clouds(dev, 0, 301, 257, 17)
+    a = torch.rand(301, generator=g).to(dev) + 0.1
+    b = torch.rand(257, generator=g).to(dev) + 0.1
+    b = b / b.sum() * a.sum()
+    tp.clear_graphs()
+    kw = dict(rho_x=None, rho_y=None, precision="tf32")
+
+    def check(scale_expected=None):
+        path("torch")
+        ref = P.prepare(x, y, a, b, **kw)
+        path("triton")
+        got = P.prepare(x, y, a, b, **kw)
+        assert got.X.kscale == ref.X.kscale
+        if scale_expected is not None:
+            assert got.X.kscale == scale_expected
+        for s_ref, s_got in ((ref.X, got.X), (ref.Y, got.Y)):
+            assert _grid_mismatch(s_ref.x, s_got.x) < 1e-3
+            torch.testing.assert_close(s_got.w, s_ref.w)
+            torch.testing.assert_close(s_got.logw, s_ref.logw)
+            torch.testing.assert_close(s_got.sq, s_ref.sq, rtol=2e-3, atol=1e-3)
+        del got, ref  # free the outputs: the next call lands on the same addresses
+
+    for _ in range(4):
+        check()
+    st = tp.graph_stats()
+    assert st["captured"] >= 2 and st["replayed"] >= 2, st
+    # new values in place, same scale: a replay
+    before = tp.graph_stats()["replayed"]
+    x.mul_(1.01)
+    check()
+    assert tp.graph_stats()["replayed"] > before
+    # a scale 8x larger: the sides launch with the new scale (eager, then a graph of its own)
+    x.mul_(8.0)
+    y.mul_(8.0)
+    for _ in range(3):
+        check()
+    # negative weights written in place: the replayed statistics must catch them
+    a[5] = -1.0
+    with pytest.raises(ValueError, match="a must be non-negative"):
+        P.prepare(x, y, a, b, **kw)
+    tp.clear_graphs()

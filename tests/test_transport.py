@@ -313,13 +313,15 @@ def test_triton_split_half_points(device, monkeypatch, dtype):
 
 @pytest.mark.parametrize("cost", ["sqeuclidean", "euclidean"])
 @pytest.mark.parametrize("split", [None, 3])
-def test_triton_tf32_reads_the_float16_grid_points(device, monkeypatch, cost, split):
+@pytest.mark.parametrize("fp16_grad", [False, True])
+def test_triton_tf32_reads_the_float16_grid_points(device, monkeypatch, cost, split, fp16_grad):
     # With precision "tf32" the kernel must read the float16 copies xk (scaled by kscale), never
     # x: poisoning x with NaN proves it, and the gradient's point tiles (xk · kscale == x
     # exactly) must still give the gradient of the unpoisoned points.
     from flashsinkhorn.backends.triton import transport as T
 
     monkeypatch.setattr(T, "FORCE_SPLIT", split)
+    monkeypatch.setattr(T, "FP16_GRAD", fp16_grad)
     B, n, m, d, eps = 2, 35, 67, 3, 2.0
     # Spread points: kscale = 8, so a missing dot_scale or point scale cannot go unnoticed.
     p = _problem(B, n, m, d, device, zero_weight=True, precision="tf32", cost=cost, spread=5.0)
@@ -334,6 +336,13 @@ def test_triton_tf32_reads_the_float16_grid_points(device, monkeypatch, cost, sp
     # score sums run in another order (scores up to ~35 here).
     exact = 2e-5 if device.type == "cpu" else 1e-4
     tol = exact if device.type == "cpu" else 3e-3
+    # The float16 gradient dot rounds P to 10 bits on every device, as the TF32 dot does on
+    # CUDA (its error bound is tested in test_fp16_gradient_dot_error_bound).
+    gtol = (
+        3e-3
+        if fp16_grad and cost == "sqeuclidean"
+        else max(tol, 1e-4 if cost == "euclidean" else exact)
+    )
     for p_width in (1, 5):
         V = torch.randn(B, m, p_width, generator=gen).to(device)
         out, marg = tri.transport(X, Y, f, g, eps, V, None, None, "tf32")
@@ -342,8 +351,36 @@ def test_triton_tf32_reads_the_float16_grid_points(device, monkeypatch, cost, sp
     for rows, cols, rows0, cols0, rp, cp in ((X, Y, p.X, p.Y, f, g), (Y, X, p.Y, p.X, g, f)):
         grad, gm = tri.transport_grad(rows, cols, rp, cp, eps, "tf32")
         gref, gmref = tb.transport_grad(rows0, cols0, rp, cp, eps, "ieee")
-        assert _rel(grad, gref) < max(tol, 1e-4 if cost == "euclidean" else exact)
+        assert _rel(grad, gref) < gtol
         assert _rel(gm, gmref) < exact
+
+
+@pytest.mark.parametrize("split", [None, 2])
+def test_fp16_gradient_dot_error_bound(device, monkeypatch, split):
+    # The envelope gradient at "tf32" forms P y as a float16 dot: each P_ij is rounded to 10
+    # bits relative to the running row maximum (times 2^15), so |Δ(P y)_ik| <= 2^-11 Σ_j P_ij
+    # |y_jk| up to the fp32 sums. Against float64 that bound must hold element by element,
+    # and a wrong scale (2^15 left in, kscale forgotten) breaks it by orders of magnitude. The
+    # row marginal is the fp32 sum, untouched by the rounding.
+    from flashsinkhorn.backends.triton import transport as T
+
+    monkeypatch.setattr(T, "FORCE_SPLIT", split)
+    monkeypatch.setattr(T, "FP16_GRAD", True)
+    B, n, m, d, eps = 2, 45, 77, 17, 0.5
+    p = _problem(B, n, m, d, device, precision="tf32", spread=3.0)
+    f, g = _pots(p, 4, eps)
+    P = _dense_plan(p, f, g, eps)  # (B, n, m) on the grid points
+    x, y = p.X.x.double().cpu(), p.Y.x.double().cpu()
+    marg = P.sum(2)
+    ref = 2.0 * (marg[..., None] * x - P @ y)
+    bound = 2.0 * 2.0**-11 * (P @ y.abs()) + 1e-6 * float(ref.abs().max())
+    tri = resolve_backend("triton", p.device, torch.float32)
+    grad, gm = tri.transport_grad(p.X, p.Y, f, g, eps, "tf32")
+    err = (grad.double().cpu() - ref).abs()
+    assert float((err / bound).max()) <= 1.0
+    # not trivially loose: the rounding shows, at a fraction of the bound
+    assert float(err.max()) > 0.0
+    assert _rel(gm, marg) < 2e-5
 
 
 # ----- SinkhornResult methods -----

@@ -18,13 +18,11 @@ potentials and the value are written to the graph's own buffers and cloned for t
 from __future__ import annotations
 
 import dataclasses
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 
 import torch
 
-from .._cuda_graph import capture
+from .._cuda_graph import GraphCache
 from ..problem import Problem
 
 #: Capture fixed-iteration solves on CUDA and replay them (False: always launch from Python).
@@ -32,16 +30,7 @@ USE_SOLVE_GRAPHS = True
 #: Graphs kept (least recently used evicted); each holds its potentials and scratch buffers.
 MAX_GRAPHS = 16
 
-_LOCK = threading.Lock()
-_GRAPHS: OrderedDict = OrderedDict()  # key -> _Graphed, or None when the capture failed
-_SEEN: OrderedDict = OrderedDict()  # keys met once, not captured yet
-_MISSING = object()
-_STATS = {"captured": 0, "failed": 0, "replayed": 0}
-
-
-class _Graphed:
-    def __init__(self, graph: torch.cuda.CUDAGraph, outs: tuple[torch.Tensor, ...]):
-        self.graph, self.outs = graph, outs
+_CACHE = GraphCache(MAX_GRAPHS)
 
 
 def _field_key(v):
@@ -81,46 +70,15 @@ def run(key: tuple, solve: Callable[[], tuple[torch.Tensor, ...]], device) -> tu
     """The tensors ``solve()`` returns: run eagerly the first time ``key`` is met, captured the
     second time, replayed from then on (the outputs are then clones of the graph's buffers).
     ``solve`` must launch work without host synchronisation."""
-    with _LOCK:
-        entry = _GRAPHS.get(key, _MISSING)
-        if entry is _MISSING:
-            if key not in _SEEN:
-                _SEEN[key] = True
-                while len(_SEEN) > 4 * MAX_GRAPHS:
-                    _SEEN.popitem(last=False)
-                entry = None
-            else:
-                del _SEEN[key]
-                entry = _GRAPHS[key] = _capture(solve, device)
-                _STATS["captured" if entry is not None else "failed"] += 1
-                while len(_GRAPHS) > MAX_GRAPHS:
-                    _GRAPHS.popitem(last=False)
-        else:
-            _GRAPHS.move_to_end(key)
-        if entry is not None:
-            # under the lock: another thread replaying the same graph would share its outputs
-            entry.graph.replay()
-            _STATS["replayed"] += 1
-            return tuple(t.clone() for t in entry.outs)
-    return solve()
-
-
-def _capture(solve, device) -> _Graphed | None:
-    """The captured solve, or None when it cannot be captured (then it stays eager)."""
-    got = capture(lambda: tuple(solve()), device)
-    return None if got is None else _Graphed(*got)
+    _CACHE.max_graphs = MAX_GRAPHS
+    return _CACHE.run(key, solve, device)
 
 
 def stats() -> dict[str, int]:
     """Counts of graphs captured, captures that failed, and replays, since the last clear()."""
-    with _LOCK:
-        return dict(_STATS)
+    return _CACHE.stats()
 
 
 def clear() -> None:
     """Drops every cached graph (and the memory they hold)."""
-    with _LOCK:
-        _GRAPHS.clear()
-        _SEEN.clear()
-        for k in _STATS:
-            _STATS[k] = 0
+    _CACHE.clear()

@@ -756,6 +756,23 @@ def split_count(n_programs: int, n_cols: int, block_n: int, device: torch.device
     return max(1, min(cdiv(target, n_programs), max_split))
 
 
+def wave_split(n_programs: int, n_cols: int, block_n: int, per_sm: int, device) -> int:
+    """Column chunks per row block that fill whole waves of ``per_sm`` resident blocks per SM.
+
+    A grid of w waves, the last one partly empty, takes ⌈w⌉ times one block's time, and a
+    block sweeps 1/split of the columns: the cost of a split s is ⌈n_programs·s / slots⌉ / s.
+    The smallest s within 2 % of the best cost wins (fewer chunks: less merging). Each chunk
+    keeps at least four column tiles, as in :func:`split_count`.
+    """
+    if FORCE_SPLIT is not None:
+        return max(1, min(FORCE_SPLIT, cdiv(n_cols, block_n)))
+    slots = per_sm * _sm_count(device)
+    max_split = max(1, min(64, cdiv(n_cols, block_n * 4)))
+    costs = [cdiv(n_programs * s, slots) / s for s in range(1, max_split + 1)]
+    best = min(costs)
+    return next(s for s, c in enumerate(costs, 1) if c <= 1.02 * best)
+
+
 def _chunk(n_cols: int, split: int, block_n: int) -> int:
     """Columns per chunk, a multiple of the tile width."""
     return cdiv(cdiv(n_cols, split), block_n) * block_n

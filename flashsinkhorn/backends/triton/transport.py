@@ -24,7 +24,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._triton_launch import FP_FUSION, cdiv, launch, next_pow2, precompile_once
+from ..._triton_launch import (
+    FP_FUSION,
+    cdiv,
+    launch,
+    next_pow2,
+    precompile_once,
+    resident_blocks,
+)
 from ...problem import Side
 from .configs import interpreting
 from .lse import (
@@ -39,6 +46,7 @@ from .lse import (
     cost_args,
     operands,
     plan_split,
+    wave_split,
 )
 
 _DYNAMIC = [
@@ -109,13 +117,15 @@ def grad_tiles(d: int) -> tuple[int, int, int, int] | None:
     """(rows, columns, warps, stages) of the gradient's transport pass for one 16-bit score
     operand per point, or None for the rule of :func:`transport_config`.
 
-    Measured on the H200 (docs/performance.md entries 17 and 18): at 32 < d <= 64, 256 x 64
-    tiles with 8 warps (50k: 13.9 → 5.7 ms; 10k: 0.75 → 0.39 ms); at 64 < d <= 128, 128 x 128
-    with 8 warps (10k: 0.72 ms against 0.93 for 256 x 64, 40k: 6.95 against 6.33). fp32
-    operand tiles of these sizes would not fit in shared memory.
+    Measured on the H200 with the float16 P·y dot and the whole-wave split (docs/performance.md
+    entry 19, bench/results/dev/s20_probe_h200.jsonl): at 32 < d <= 64, 128 x 128 tiles with 4
+    warps (10k: 0.41 ms, 50k: 3.63 ms, against 0.50 / 4.69 for entry 17's 256 x 64 / 8 warps);
+    at 64 < d <= 128, 128 x 128 with 8 warps (10k: 0.52 ms; 64 x 128 / 4 warps is 5 % slower at
+    10k and 24 % faster at 40k, where the row has its 2x with room). fp32 operand tiles of
+    these sizes would not fit in shared memory.
     """
     if 32 < d <= 64:
-        return (256, 64, 8, 2)
+        return (128, 128, 4, 3)
     if 64 < d <= 128:
         return (128, 128, 8, 2)
     return None
@@ -177,7 +187,7 @@ def _apply_fwd_kernel(
     D_TILES: tl.constexpr, BLOCK_P: tl.constexpr, P_TILES: tl.constexpr,
     BLOCK_R: tl.constexpr, R_TILES: tl.constexpr,
     HAS_V: tl.constexpr, HADAMARD: tl.constexpr, GRAD: tl.constexpr, VEC: tl.constexpr,
-    PRECISION: tl.constexpr, HAD_PRECISION: tl.constexpr, SCORE_PRECISION: tl.constexpr,
+    P16: tl.constexpr, PRECISION: tl.constexpr, HAD_PRECISION: tl.constexpr, SCORE_PRECISION: tl.constexpr,
     EUCLID: tl.constexpr, LABELS: tl.constexpr,
 ):
     # Other costs (docs/costs.md): the score tile comes from lse._cost_scores; the euclidean
@@ -269,6 +279,13 @@ def _apply_fwd_kernel(
                 # layout change of the probability tile); every accumulator column holds it.
                 b_v1 = tl.load(V + i_b64 * s_Vb + o_n64 * s_Vn, mask=m_n, other=0.0).to(tl.float32)
                 b_acc = b_acc * b_alpha[:, None] + tl.sum(b_e * b_v1[None, :], 1)[:, None]
+            elif P16:
+                # The gradient at "tf32": P rounded to float16 (10 bits, as the TF32 dot would
+                # keep) times 2^15, so that terms down to 2^-39 of the row's largest stay
+                # nonzero, against the float16 column tile already on chip; the scale and
+                # vscale come off after the sweep (both powers of two).
+                b_acc = b_acc * b_alpha[:, None]
+                b_acc = tl.dot((b_e * 32768.0).to(tl.float16), b_c, b_acc)
             elif P_TILES == 1:
                 if GRAD and D_TILES == 1 and SCORE_PRECISION != "f16x3":
                     # The values are the column points: reuse the tile already on chip (with
@@ -291,6 +308,8 @@ def _apply_fwd_kernel(
                 # threads of the program: order them.
                 tl.debug_barrier()
 
+    if P16:
+        b_acc = b_acc * (vscale * (1.0 / 32768.0))
     # A run-time branch, not a constexpr: one compiled kernel serves every n and m. The host
     # never splits the wide (P_TILES > 1) case, whose accumulator is Out itself.
     if n_split > 1:
@@ -359,18 +378,31 @@ def _apply_combine_kernel(
 # 64-wide blocks were right at every precision. At small rank the FMA dot costs little.
 _TC_MIN_RANK_BLOCK = 64
 
+#: The envelope gradient at precision "tf32" multiplies the probability tile by the column
+#: points as a float16 tensor-core dot (P scaled by 2^15, fp32 accumulation) instead of a TF32
+#: dot of fp32 tiles; both keep 10 bits of P (docs/performance.md, entry 19). False: the TF32 dot.
+FP16_GRAD = True
+
+#: Split the column sweep to fill whole waves of the kernel's resident blocks (lse.wave_split);
+#: False: about four programs per SM (lse.split_count), the rule before entry 19.
+WAVE_SPLIT = True
+
 # Tests set this to force a split count of the column sweep; None lets lse.split_count decide.
 FORCE_SPLIT: int | None = None
 _COMBINE_ROWS = 32
 
 
-def _split_plan(n_programs: int, m: int, block_n: int, device, splittable: bool):
-    """(number of column chunks, columns per chunk): lse.plan_split, or no split for wide V."""
+def _split_plan(n_programs: int, m: int, block_n: int, device, splittable: bool, per_sm=None):
+    """(number of column chunks, columns per chunk): whole waves where the kernel's resident
+    blocks per SM are known (lse.wave_split), else lse.plan_split; no split for wide V."""
     m1 = max(m, 1)
     if not splittable:
         return 1, m1
     if FORCE_SPLIT is not None:
         cps = _chunk(m1, max(1, min(FORCE_SPLIT, cdiv(m1, block_n))), block_n)
+        return cdiv(m1, cps), cps
+    if per_sm is not None and WAVE_SPLIT:
+        cps = _chunk(m1, wave_split(n_programs, m1, block_n, per_sm, device), block_n)
         return cdiv(m1, cps), cps
     return plan_split(n_programs, m1, block_n, device)
 
@@ -436,8 +468,41 @@ def _launch_kernels(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, pre
         A = Bw = marg
     s3 = lambda t: (t.stride(0), t.stride(1)) if t.dim() == 3 else (0, 0)  # noqa: E731
     n_blocks = cdiv(n, cfg.block_m)
-    split, cps = _split_plan(n_blocks * B, m, cfg.block_n, rows.x.device, cfg.p_tiles == 1)
     euclid, labels, rlab, clab, lcost, n_lab, lscale = cost_args(rows, cols)
+    vec = has_v and p == 1 and not grad
+    # The gradient's P y at "tf32" on the float16 grid copies: a float16 dot (FP16_GRAD).
+    # (Not for the euclidean cost, whose tile is divided by the distances: it can exceed 1.)
+    p16 = (FP16_GRAD and grad and precision == "tf32" and cfg.d_tiles == 1 and not euclid
+           and xc.dtype == torch.float16 and score_prec == "tf32")  # fmt: skip
+    kw = dict(
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
+        BLOCK_P=cfg.block_p, P_TILES=cfg.p_tiles, BLOCK_R=cfg.block_r, R_TILES=cfg.r_tiles,
+        HAS_V=has_v, HADAMARD=r > 0, GRAD=grad, VEC=vec, P16=p16, PRECISION=precision,
+        HAD_PRECISION=precision if cfg.block_r >= _TC_MIN_RANK_BLOCK else "ieee",
+        SCORE_PRECISION=score_prec, EUCLID=euclid, LABELS=labels,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **FP_FUSION,
+    )
+
+    def args(pmax, psum, pwsum, pacc, cps, split):
+        return (
+            xr, xc, xpts_r, rows.sq, cols.sq, rows.logw, cols.logw, row_pot, col_pot,
+            V, A, Bw, out, marg, rlab, clab, lcost,
+            pmax, psum, pwsum, pacc,
+            n, m, d, p, r, n_lab, cps, split,
+            xr.stride(0), xr.stride(1), xc.stride(0), xc.stride(1), xpts_r.stride(0), xpts_r.stride(1),
+            rows.sq.stride(0), cols.sq.stride(0),
+            *s3(V), *s3(out), *s3(A), *s3(Bw), B * n, B * n * p,
+            float(eps), float(cols.sq_floor), lscale, float(dot_scale), rscale, vscale,
+        )
+
+    splittable = cfg.p_tiles == 1
+    per_sm = None
+    if splittable and rows.x.is_cuda:
+        key = ("apply", tuple(kw.items()), xr.dtype, xc.dtype, xpts_r.dtype, V.dtype, A.dtype)
+        per_sm = resident_blocks(
+            key, _apply_fwd_kernel, (n_blocks, B, 1), *args(marg, marg, marg, marg, m, 1), **kw
+        )
+    split, cps = _split_plan(n_blocks * B, m, cfg.block_n, rows.x.device, splittable, per_sm)
     pmax = psum = pwsum = pacc = marg  # placeholders when not split
     if split > 1:
         f32 = dict(dtype=torch.float32, device=rows.x.device)
@@ -447,23 +512,7 @@ def _launch_kernels(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, pre
             pwsum = torch.empty((split, B, n), **f32)
         if has_v:
             pacc = torch.empty((split, B, n, p), **f32)
-    vec = has_v and p == 1 and not grad
-    launch(_apply_fwd_kernel, (n_blocks, B, split),
-        xr, xc, xpts_r, rows.sq, cols.sq, rows.logw, cols.logw, row_pot, col_pot,
-        V, A, Bw, out, marg, rlab, clab, lcost,
-        pmax, psum, pwsum, pacc,
-        n, m, d, p, r, n_lab, cps, split,
-        xr.stride(0), xr.stride(1), xc.stride(0), xc.stride(1), xpts_r.stride(0), xpts_r.stride(1),
-        rows.sq.stride(0), cols.sq.stride(0),
-        *s3(V), *s3(out), *s3(A), *s3(Bw), B * n, B * n * p,
-        float(eps), float(cols.sq_floor), lscale, float(dot_scale), rscale, vscale,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
-        BLOCK_P=cfg.block_p, P_TILES=cfg.p_tiles, BLOCK_R=cfg.block_r, R_TILES=cfg.r_tiles,
-        HAS_V=has_v, HADAMARD=r > 0, GRAD=grad, VEC=vec, PRECISION=precision,
-        HAD_PRECISION=precision if cfg.block_r >= _TC_MIN_RANK_BLOCK else "ieee",
-        SCORE_PRECISION=score_prec, EUCLID=euclid, LABELS=labels,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **FP_FUSION,
-    )
+    launch(_apply_fwd_kernel, (n_blocks, B, split), *args(pmax, psum, pwsum, pacc, cps, split), **kw)
     if split > 1:
         launch(_apply_combine_kernel, (cdiv(n, _COMBINE_ROWS), B),
             pmax, psum, pwsum, pacc, xpts_r, rows.sq, rows.logw, row_pot, out, marg,
