@@ -100,12 +100,12 @@ def _first_order(ctx, x, y, a, b, grad_out, need):
             G, _ = impl.transport_grad(
                 problem.X, problem.Y, res._f, res._g, res.eps, problem.precision
             )
-            gx = problem.unbatch(G * go[:, None, None]).to(x.dtype)
+            gx = problem.unbatch(G.mul_(go[:, None, None])).to(x.dtype)  # G is ours
         if need[1]:
             G, _ = impl.transport_grad(
                 problem.Y, problem.X, res._g, res._f, res.eps, problem.precision
             )
-            gy = problem.unbatch(G * go[:, None, None]).to(y.dtype)
+            gy = problem.unbatch(G.mul_(go[:, None, None])).to(y.dtype)
         if need[2] and a is not None:
             ga = _reduce_like(_weight_grad(res, "X") * go[:, None], a, problem.batched)
         if need[3] and b is not None:
