@@ -203,20 +203,55 @@ def _merges(d, p_width, r, n_cols, grad=False):
     return int(not wide and n_cols > cfg.block_n)
 
 
-def _force_split(monkeypatch, split):
+def _spy_split_sweeps(monkeypatch):
+    """Counts sweep launches split into several column chunks (the in-place merge path)."""
+    from flashsinkhorn.backends.triton import transport as T
+
+    calls, kernel = [], T._apply_fwd_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            if grid[2] > 1:
+                calls.append(grid)
+            return kernel[grid]
+
+        def warmup(self, *args, **kwargs):
+            return kernel.warmup(*args, **kwargs)
+
+    monkeypatch.setattr(T, "_apply_fwd_kernel", Spy())
+    return calls
+
+
+def _force_split(monkeypatch, split, merge):
+    """Forces the split count; returns the list of merges made: combine launches, or with the
+    in-place merge the split sweeps (which must then launch no combine kernel)."""
     from flashsinkhorn.backends.triton import transport as T
 
     monkeypatch.setattr(T, "FORCE_SPLIT", split)
-    return _spy_combine(monkeypatch)
+    monkeypatch.setattr(T, "INPLACE_MERGE", merge)
+    combines = _spy_combine(monkeypatch)
+    if not merge:
+        return combines
+    sweeps = _spy_split_sweeps(monkeypatch)
+
+    class Merges(list):
+        def __len__(self):
+            assert not combines, "the in-place merge launched a combine kernel"
+            return len(sweeps)
+
+    return Merges()
 
 
+@pytest.mark.parametrize("merge", [False, True])
 @pytest.mark.parametrize("split", [2, 3, 7])
 @pytest.mark.parametrize(
     "B,n,m,d,p_width,zw",
     [(1, 37, 101, 3, 1, "tail"), (2, 21, 70, 17, 5, True), (1, 45, 83, 5, 40, False)],
 )
-def test_triton_split_sweep_matches_torch(device, monkeypatch, split, B, n, m, d, p_width, zw):
-    calls = _force_split(monkeypatch, split)
+def test_triton_split_sweep_matches_torch(
+    device, monkeypatch, split, B, n, m, d, p_width, zw, merge
+):
+    calls = _force_split(monkeypatch, split, merge)
     p = _problem(B, n, m, d, device, zero_weight=zw, seed=split)
     f, g = _pots(p, 14)
     gen = torch.Generator().manual_seed(15)
@@ -234,9 +269,10 @@ def test_triton_split_sweep_matches_torch(device, monkeypatch, split, B, n, m, d
     assert len(calls) == _merges(d, p_width, 0, m) + _merges(d, p_width, 0, n)
 
 
+@pytest.mark.parametrize("merge", [False, True])
 @pytest.mark.parametrize("r,p_width", [(4, 3), (40, 1)])
-def test_triton_split_hadamard_and_grad(device, monkeypatch, r, p_width):
-    calls = _force_split(monkeypatch, 3)
+def test_triton_split_hadamard_and_grad(device, monkeypatch, r, p_width, merge):
+    calls = _force_split(monkeypatch, 3, merge)
     B, n, m, d = 2, 37, 75, 3 if r == 4 else 70
     p = _problem(B, n, m, d, device, zero_weight=True)
     f, g = _pots(p, 16, 0.4)
@@ -259,11 +295,12 @@ def test_triton_split_hadamard_and_grad(device, monkeypatch, r, p_width):
 
 @pytest.mark.parametrize("cost,labels", [("euclidean", False), ("sqeuclidean", "on-chip"),
                                          ("euclidean", "global")])  # fmt: skip
-def test_triton_split_costs_match_torch(device, monkeypatch, cost, labels):
+@pytest.mark.parametrize("merge", [False, True])
+def test_triton_split_costs_match_torch(device, monkeypatch, cost, labels, merge):
     from flashsinkhorn.backends.triton import lse
 
     monkeypatch.setattr(lse, "FORCE_GLOBAL_LABELS", labels == "global")
-    calls = _force_split(monkeypatch, 4)
+    calls = _force_split(monkeypatch, 4, merge)
     B, n, m, d = 2, 45, 97, 3
     gen = torch.Generator().manual_seed(18)
     lab = None
@@ -290,9 +327,10 @@ def test_triton_split_costs_match_torch(device, monkeypatch, cost, labels):
     assert len(calls) == want + _merges(d, d, 0, m, True) + _merges(d, d, 0, n, True)
 
 
+@pytest.mark.parametrize("merge", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_triton_split_half_points(device, monkeypatch, dtype):
-    calls = _force_split(monkeypatch, 3)
+def test_triton_split_half_points(device, monkeypatch, dtype, merge):
+    calls = _force_split(monkeypatch, 3, merge)
     B, n, m, d = 1, 41, 99, 3
     g = torch.Generator().manual_seed(21)
     x = torch.rand(B, n, d, generator=g).to(device, dtype)

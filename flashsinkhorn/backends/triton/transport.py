@@ -178,7 +178,7 @@ def _transport_epilogue(
 @triton.jit(do_not_specialize=_DYNAMIC)
 def _apply_fwd_kernel(
     R, C, Rx, Rsq, Csq, Rlogw, Clogw, Rpot, Cpot, V, A, Bw, Out, Marg, Rlab, Clab, Lcost,
-    Pmax, Psum, Pwsum, Pacc,
+    Pmax, Psum, Pwsum, Pacc, Ticket,
     n_rows, n_cols, d, p, r, n_lab, cols_per_split, n_split,
     s_rb, s_rn, s_cb, s_cn, s_xb, s_xn, s_vrb, s_vcb,
     s_Vb, s_Vn, s_ob, s_on, s_ab, s_an, s_bb, s_bn, s_ps, s_pa,
@@ -188,7 +188,7 @@ def _apply_fwd_kernel(
     BLOCK_R: tl.constexpr, R_TILES: tl.constexpr,
     HAS_V: tl.constexpr, HADAMARD: tl.constexpr, GRAD: tl.constexpr, VEC: tl.constexpr,
     P16: tl.constexpr, PRECISION: tl.constexpr, HAD_PRECISION: tl.constexpr, SCORE_PRECISION: tl.constexpr,
-    EUCLID: tl.constexpr, LABELS: tl.constexpr,
+    EUCLID: tl.constexpr, LABELS: tl.constexpr, MERGE: tl.constexpr,
 ):
     # Other costs (docs/costs.md): the score tile comes from lse._cost_scores; the euclidean
     # gradient Σ_j P_ij (x_i − y_j) / D_ij is this kernel with the Hadamard weights 1 / D_ij
@@ -201,9 +201,19 @@ def _apply_fwd_kernel(
     # gradient's values (the column points) exactly.
     scale2 = 2.0 * 1.4426950408889634 * dot_scale / eps
     inv_eps2 = 1.4426950408889634 / eps
-    i_m = tl.program_id(0)
-    i_b64 = tl.program_id(1).to(tl.int64)
-    i_s = tl.program_id(2)
+    n_mb = tl.num_programs(0)
+    if MERGE:
+        # Work items in the order programs start (an atomic counter after the tickets), the
+        # column chunk slowest: the chunk a program waits for at its merge is held by a
+        # program that started before it, whatever order the hardware dispatches blocks in.
+        i_t = tl.atomic_add(Ticket + n_mb * tl.num_programs(1), 1)
+        i_m = i_t % n_mb
+        i_b64 = ((i_t // n_mb) % tl.num_programs(1)).to(tl.int64)
+        i_s = i_t // (n_mb * tl.num_programs(1))
+    else:
+        i_m = tl.program_id(0)
+        i_b64 = tl.program_id(1).to(tl.int64)
+        i_s = tl.program_id(2)
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_m = o_m < n_rows
     o_m64 = o_m.to(tl.int64)
@@ -312,7 +322,50 @@ def _apply_fwd_kernel(
         b_acc = b_acc * (vscale * (1.0 / 32768.0))
     # A run-time branch, not a constexpr: one compiled kernel serves every n and m. The host
     # never splits the wide (P_TILES > 1) case, whose accumulator is Out itself.
-    if n_split > 1:
+    if MERGE and n_split > 1:
+        # In-place merge (docs/transport.md): the chunks of a row block add their partials
+        # into Out and one (max, sum) row state in chunk order, each waiting for its ticket;
+        # the last applies the epilogue. No per-chunk accumulators (split x B x n x p floats)
+        # and no combine launch; the order is fixed, so the result does not depend on
+        # scheduling.
+        p_t = Ticket + i_b64 * n_mb + i_m
+        while tl.atomic_add(p_t, 0, sem="acquire", scope="gpu") != i_s:
+            pass
+        o_pr = i_b64 * n_rows + o_m64
+        m_a = m_m[:, None] & (o_p[None, :] < p)
+        if i_s > 0:
+            # .cg: read past L1, which may hold lines of another SM's era
+            b_pm = tl.load(Pmax + o_pr, mask=m_m, other=float("-inf"), cache_modifier=".cg")
+            b_new = tl.maximum(b_pm, b_max)
+            b_ref = tl.where(b_new == float("-inf"), 0.0, b_new)
+            b_fo = tl.exp2(b_pm - b_ref)
+            b_fm = tl.exp2(b_max - b_ref)
+            b_ps = tl.load(Psum + o_pr, mask=m_m, other=0.0, cache_modifier=".cg")
+            b_sum = b_ps * b_fo + b_sum * b_fm
+            if GRAD and EUCLID:
+                b_pw = tl.load(Pwsum + o_pr, mask=m_m, other=0.0, cache_modifier=".cg")
+                b_wsum = b_pw * b_fo + b_wsum * b_fm
+            if HAS_V:
+                b_pa = tl.load(p_o, mask=m_a, other=0.0, cache_modifier=".cg")
+                b_acc = b_pa * b_fo[:, None] + b_acc * b_fm[:, None]
+            b_max = b_new
+        if i_s == n_split - 1:
+            _transport_epilogue(
+                b_max, b_sum, b_wsum, b_acc, Rx, Rsq, Rlogw, Rpot, Out, Marg,
+                i_b64, o_m, m_m, o_vr, p, s_xb, s_xn, s_ob, s_on, inv_eps2, rscale,
+                BLOCK_P, P_TILES, HAS_V, GRAD, EUCLID,
+            )
+        else:
+            tl.store(Pmax + o_pr, b_max, mask=m_m)
+            tl.store(Psum + o_pr, b_sum, mask=m_m)
+            if GRAD and EUCLID:
+                tl.store(Pwsum + o_pr, b_wsum, mask=m_m)
+            if HAS_V:
+                tl.store(p_o, b_acc, mask=m_a)
+            # every thread's stores before the release of the next chunk's ticket
+            tl.debug_barrier()
+            tl.atomic_xchg(p_t, i_s + 1, sem="release", scope="gpu")
+    elif n_split > 1:
         o_pr = i_b64 * n_rows + o_m64
         tl.store(Pmax + i_s * s_ps + o_pr, b_max, mask=m_m)
         tl.store(Psum + i_s * s_ps + o_pr, b_sum, mask=m_m)
@@ -386,6 +439,11 @@ FP16_GRAD = True
 #: Split the column sweep to fill whole waves of the kernel's resident blocks (lse.wave_split);
 #: False: about four programs per SM (lse.split_count), the rule before entry 19.
 WAVE_SPLIT = True
+
+#: Split column sweeps merge their partials into the output in chunk order, each chunk
+#: waiting for its ticket (entry 19); False: per-chunk partial buffers (split x B x n x p
+#: floats) and a combine launch.
+INPLACE_MERGE = True
 
 # Tests set this to force a split count of the column sweep; None lets lse.split_count decide.
 FORCE_SPLIT: int | None = None
@@ -474,20 +532,21 @@ def _launch_kernels(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, pre
     # (Not for the euclidean cost, whose tile is divided by the distances: it can exceed 1.)
     p16 = (FP16_GRAD and grad and precision == "tf32" and cfg.d_tiles == 1 and not euclid
            and xc.dtype == torch.float16 and score_prec == "tf32")  # fmt: skip
+    merge = cfg.p_tiles == 1 and INPLACE_MERGE
     kw = dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
         BLOCK_P=cfg.block_p, P_TILES=cfg.p_tiles, BLOCK_R=cfg.block_r, R_TILES=cfg.r_tiles,
         HAS_V=has_v, HADAMARD=r > 0, GRAD=grad, VEC=vec, P16=p16, PRECISION=precision,
         HAD_PRECISION=precision if cfg.block_r >= _TC_MIN_RANK_BLOCK else "ieee",
-        SCORE_PRECISION=score_prec, EUCLID=euclid, LABELS=labels,
+        SCORE_PRECISION=score_prec, EUCLID=euclid, LABELS=labels, MERGE=merge,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **FP_FUSION,
     )
 
-    def args(pmax, psum, pwsum, pacc, cps, split):
+    def args(pmax, psum, pwsum, pacc, cps, split, ticket):
         return (
             xr, xc, xpts_r, rows.sq, cols.sq, rows.logw, cols.logw, row_pot, col_pot,
             V, A, Bw, out, marg, rlab, clab, lcost,
-            pmax, psum, pwsum, pacc,
+            pmax, psum, pwsum, pacc, ticket,
             n, m, d, p, r, n_lab, cps, split,
             xr.stride(0), xr.stride(1), xc.stride(0), xc.stride(1), xpts_r.stride(0), xpts_r.stride(1),
             rows.sq.stride(0), cols.sq.stride(0),
@@ -496,24 +555,31 @@ def _launch_kernels(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, pre
         )
 
     splittable = cfg.p_tiles == 1
+    ticket = marg
+    if merge:
+        # one ticket per row block, then the work-item counter
+        ticket = torch.zeros(B * n_blocks + 1, dtype=torch.int32, device=rows.x.device)
     per_sm = None
     if splittable and rows.x.is_cuda:
         key = ("apply", tuple(kw.items()), xr.dtype, xc.dtype, xpts_r.dtype, V.dtype, A.dtype)
         per_sm = resident_blocks(
-            key, _apply_fwd_kernel, (n_blocks, B, 1), *args(marg, marg, marg, marg, m, 1), **kw
-        )
+            key, _apply_fwd_kernel, (n_blocks, B, 1),
+            *args(marg, marg, marg, marg, m, 1, ticket), **kw,
+        )  # fmt: skip
     split, cps = _split_plan(n_blocks * B, m, cfg.block_n, rows.x.device, splittable, per_sm)
     pmax = psum = pwsum = pacc = marg  # placeholders when not split
+    f32 = dict(dtype=torch.float32, device=rows.x.device)
     if split > 1:
-        f32 = dict(dtype=torch.float32, device=rows.x.device)
-        pmax = torch.empty((split, B, n), **f32)
-        psum = torch.empty((split, B, n), **f32)
+        rows_of = 1 if merge else split  # merge: one (max, sum) row state, no accumulators
+        pmax = torch.empty((rows_of, B, n), **f32)
+        psum = torch.empty((rows_of, B, n), **f32)
         if grad and euclid:
-            pwsum = torch.empty((split, B, n), **f32)
-        if has_v:
+            pwsum = torch.empty((rows_of, B, n), **f32)
+        if has_v and not merge:
             pacc = torch.empty((split, B, n, p), **f32)
-    launch(_apply_fwd_kernel, (n_blocks, B, split), *args(pmax, psum, pwsum, pacc, cps, split), **kw)
-    if split > 1:
+    launch(_apply_fwd_kernel, (n_blocks, B, split),
+           *args(pmax, psum, pwsum, pacc, cps, split, ticket), **kw)  # fmt: skip
+    if split > 1 and not merge:
         launch(_apply_combine_kernel, (cdiv(n, _COMBINE_ROWS), B),
             pmax, psum, pwsum, pacc, xpts_r, rows.sq, rows.logw, row_pot, out, marg,
             n, p, split,
