@@ -120,8 +120,6 @@ class Ours(Provider):
 
             return fn, value_of
 
-        if not hasattr(fs, "ot_cost"):
-            raise NotImplementedError("flashsinkhorn.ot_cost does not exist yet")
         xg = x.detach().clone().requires_grad_(True)
 
         def fn():

@@ -12,10 +12,13 @@ from __future__ import annotations
 import torch
 
 SECOND_ORDER_MESSAGE = (
-    "flashsinkhorn: second derivatives (double backward, create_graph=True then grad again) of "
-    "OT losses are not implemented yet; they arrive with the Hessian-vector-product (HVP) "
-    "operator. The first-order gradient is exact, but differentiating it again would silently "
-    "ignore how the transport plan depends on the inputs, so it is refused."
+    "flashsinkhorn: these second derivatives (double backward, create_graph=True then grad "
+    "again) are not available: only flashsinkhorn.ot_cost on a balanced squared-Euclidean "
+    "problem differentiates its x and y gradients again, and only once; flashsinkhorn.hvp "
+    "gives Hessian-vector products of OT_eps and of the Sinkhorn divergence. The first-order "
+    "gradient is exact, but "
+    "differentiating it again here would silently ignore how the transport plan depends on "
+    "the inputs, so it is refused."
 )
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from .._cuda_graph import GraphCache
+from .._cuda_graph import GraphCache, tensor_key
 from ..problem import Problem
 
 #: Capture fixed-iteration solves on CUDA and replay them (False: always launch from Python).
@@ -34,9 +34,7 @@ _CACHE = GraphCache(MAX_GRAPHS)
 
 
 def _field_key(v):
-    if isinstance(v, torch.Tensor):
-        return (v.data_ptr(), tuple(v.shape), v.stride(), v.dtype, v.device)
-    return v
+    return tensor_key(v) if isinstance(v, torch.Tensor) else v
 
 
 def _side_key(side) -> tuple:
