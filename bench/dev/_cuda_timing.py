@@ -34,6 +34,26 @@ def events_ms(fn, reps: int = 20) -> float:
     return statistics.median(out)
 
 
+def graph_ms(fn, reps: int = 20) -> float:
+    """Median CUDA-event time of ``fn``'s launches replayed from a CUDA graph (no host work),
+    in ms."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    out = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        s.record()
+        g.replay()
+        e.record()
+        torch.cuda.synchronize()
+        out.append(s.elapsed_time(e))
+    return statistics.median(out)
+
+
 def kernel_table(fn, top: int = 14) -> dict:
     """One profiled call of ``fn``: wall ms, total device ms and the heaviest kernels."""
     from torch.profiler import ProfilerActivity, profile

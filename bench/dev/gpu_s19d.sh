@@ -2,11 +2,7 @@
 # Session-19 GPU call 4: the fused prepare's CUDA tests, then the issue-9 bench rows (ours and
 # flash-sinkhorn in the same run) and the fresh-process first call.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT="${OUT:-./out}"
-mkdir -p "$OUT"
-pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1
-export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
+. "$(dirname "$0")/_gpu_env.sh"
 python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_prepare_fused.py tests/test_kernels_lse.py} 2>&1 | tail -3 | tee "$OUT/s19d_tests.log"
 M="flashsinkhorn-sym-tf32,flash-sinkhorn-sym,flash-sinkhorn-alt"
 python3 bench/run.py --cases fwd --providers ours,flash-sinkhorn --sizes 10000x64,50000x64 --methods $M --out "$OUT/fwd" --log /tmp/b1.log 2>&1 | grep -v Warn | tail -9

@@ -2,11 +2,7 @@
 # Session-19 GPU call 6: first-call breakdown in fresh processes (empty Triton cache, compile
 # log), the bench's first-call row, then the whole gpu-marked suite.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT="${OUT:-./out}"
-mkdir -p "$OUT"
-pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1
-export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
+. "$(dirname "$0")/_gpu_env.sh"
 (cd bench/dev && for mode in first first; do
   TRITON_CACHE_DIR="$(mktemp -d)" FLASHSINKHORN_COMPILE_LOG=1 python3 s18_probe.py --compile "$mode" 2>&1 | grep -v Warn
 done) | tee "$OUT/s19_compile.txt"

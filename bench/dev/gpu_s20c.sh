@@ -2,11 +2,7 @@
 # Session-20 GPU call 3: the call timelines (s19 probe), then the issue-9 bench rows with
 # flash-sinkhorn in the same run.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT="${OUT:-./out}"
-mkdir -p "$OUT"
-pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1
-export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
+. "$(dirname "$0")/_gpu_env.sh"
 python3 bench/dev/s19_probe.py --out /tmp/probe 2>&1 | grep -v Warn > "$OUT/s20_timeline_h200.txt"
 grep -v "   kern" "$OUT/s20_timeline_h200.txt" | head -40
 M="flashsinkhorn-sym-tf32,flash-sinkhorn-sym,flash-sinkhorn-alt"

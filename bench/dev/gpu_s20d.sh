@@ -2,11 +2,7 @@
 # Session-20 GPU call 4: the two unmet issue-9 rows (with flash-sinkhorn, same run), then the
 # gpu-marked suite, then the device-fixture tests of the changed modules on CUDA.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT="${OUT:-./out}"
-mkdir -p "$OUT"
-pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1
-export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
+. "$(dirname "$0")/_gpu_env.sh"
 M="flashsinkhorn-sym-tf32,flash-sinkhorn-sym,flash-sinkhorn-alt"
 python3 bench/run.py --cases fwd --providers ours,flash-sinkhorn --sizes 10000x64 --methods $M --out "$OUT/fwd" --log /tmp/b1.log 2>&1 | grep -v Warn | tail -5
 python3 bench/run.py --cases fwdbwd --providers ours,flash-sinkhorn --sizes 10000x128 --methods $M --out "$OUT/fwdbwd" --log /tmp/b2.log 2>&1 | grep -v Warn | tail -5

@@ -3,11 +3,7 @@
 # issue-9 rows it touches with flash-sinkhorn in the same run, then the transport and HVP
 # tests on CUDA.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT="${OUT:-./out}"
-mkdir -p "$OUT"
-pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1
-export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
+. "$(dirname "$0")/_gpu_env.sh"
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_transport.py -k "inplace_merge or ot_cost or batched" 2>&1 | tail -3 | tee "$OUT/s20e_merge_tests.log"
 M="flashsinkhorn-sym-tf32,flash-sinkhorn-sym,flash-sinkhorn-alt"
 timeout 150 python3 bench/run.py --cases fwdbwd --providers ours,flash-sinkhorn --sizes 10000x128 --methods $M --out "$OUT/fwdbwd" --log /tmp/b2.log 2>&1 | grep -v Warn | tail -4

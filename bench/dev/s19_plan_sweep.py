@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 
 import torch
+from _cuda_timing import graph_ms
 
 import flashsinkhorn as fs
 from flashsinkhorn.backends.triton import configs, lse, plan
@@ -44,24 +44,6 @@ if os.environ.get("S19_SWEEP") == "regs":
         ],
     }
     SPLITS = [None, 4, 5, 6, 8]
-
-
-def graph_ms(fn, reps=20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    out = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        s.record()
-        g.replay()
-        e.record()
-        torch.cuda.synchronize()
-        out.append(s.elapsed_time(e))
-    return statistics.median(out)
 
 
 def main(out_dir: str, sizes) -> None:

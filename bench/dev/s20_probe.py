@@ -17,7 +17,7 @@ import json
 import statistics
 
 import torch
-from _cuda_timing import events_ms
+from _cuda_timing import events_ms, graph_ms
 
 import flashsinkhorn as fs
 from flashsinkhorn import _triton_launch as TL
@@ -33,24 +33,6 @@ GRAD_SHAPES = {
 
 def emit(**row):
     print(json.dumps(row), flush=True)
-
-
-def graph_ms(fn, reps=20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    out = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        s.record()
-        g.replay()
-        e.record()
-        torch.cuda.synchronize()
-        out.append(s.elapsed_time(e))
-    return statistics.median(out)
 
 
 def problem(n, d, seed=0):

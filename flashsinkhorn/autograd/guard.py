@@ -16,9 +16,8 @@ SECOND_ORDER_MESSAGE = (
     "again) are not available: only flashsinkhorn.ot_cost on a balanced squared-Euclidean "
     "problem differentiates its x and y gradients again, and only once; flashsinkhorn.hvp "
     "gives Hessian-vector products of OT_eps and of the Sinkhorn divergence. The first-order "
-    "gradient is exact, but "
-    "differentiating it again here would silently ignore how the transport plan depends on "
-    "the inputs, so it is refused."
+    "gradient is exact, but differentiating it again here would silently ignore how the "
+    "transport plan depends on the inputs, so it is refused."
 )
 
 
