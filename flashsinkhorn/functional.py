@@ -178,7 +178,7 @@ def solve_points(
         def run():
             st = solve(problem, impl, eps_list=eps_list, n_iters=n_iters, tol=tol,
                        check_every=check_every, schedule=schedule)  # fmt: skip
-            return st, dual_value(problem, st.f, st.g, st.eps)
+            return st, dual_value(problem, st.f, st.g, st.eps, impl)
 
         # A fixed number of iterations never synchronises: on CUDA the solve and its value may
         # be replayed from a cached graph (solvers/graphs.py).

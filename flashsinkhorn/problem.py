@@ -53,6 +53,9 @@ class Side:
     #: Floor of the squared distance under the square root of the euclidean cost (GeomLoss
     #: p=1 uses 1e-8); 0 for the functional API.
     sq_floor: float = 0.0
+    #: (B, d) weighted mean Σ w x / Σ w of the centred points before any float16 rounding,
+    #: potential dtype; None where the side was not built by ``prepare`` (:func:`side_mean`).
+    mean: torch.Tensor | None = None
 
     @property
     def n(self) -> int:
@@ -71,6 +74,15 @@ class Side:
     def damping(self, eps: float) -> float:
         """Factor λ = 1 / (1 + eps / rho) applied to the soft-min (1 for a balanced side)."""
         return 1.0 if self.rho is None else 1.0 / (1.0 + eps / self.rho)
+
+
+def side_mean(side: Side) -> torch.Tensor:
+    """(B, d) weighted mean of a side's centred points: ``side.mean`` where ``prepare`` set it
+    (no pass over the points), else computed from ``side.x``."""
+    if side.mean is not None:
+        return side.mean
+    w = side.w / side.w.sum(-1, keepdim=True)
+    return (w[..., None] * side.x.to(w.dtype)).sum(1)
 
 
 @dataclass(frozen=True)
@@ -327,9 +339,10 @@ def _prepare_torch(X, Y, wa, wb, rho_x, rho_y, precision, checks: _Checks):
     # Translation invariance: centre at the joint weighted mean so that fp32 norms stay accurate.
     Xc = X.to(pdtype)
     Yc = Y.to(pdtype)
-    centre = (torch.einsum("bn,bnd->bd", wa, Xc) + torch.einsum("bm,bmd->bd", wb, Yc)) / (
-        ma + mb
-    ).unsqueeze(-1)
+    sum_x, sum_y = torch.einsum("bn,bnd->bd", wa, Xc), torch.einsum("bm,bmd->bd", wb, Yc)
+    centre = (sum_x + sum_y) / (ma + mb).unsqueeze(-1)
+    mean_x = sum_x / ma.unsqueeze(-1) - centre
+    mean_y = sum_y / mb.unsqueeze(-1) - centre
     Xc = Xc - centre[:, None, :]
     Yc = Yc - centre[:, None, :]
 
@@ -359,8 +372,8 @@ def _prepare_torch(X, Y, wa, wb, rho_x, rho_y, precision, checks: _Checks):
     null_b = "b" in per and per["b"][0] == 0
     scaled = X.dtype == torch.float32 and precision in ("tf32", "tf32x3")
     kscale = kernel_scale(precision, amax) if scaled else 1.0
-    side_x = centred_side(Xc, X.dtype, wa, rho_x, precision, kscale, null_a)
-    side_y = centred_side(Yc, X.dtype, wb, rho_y, precision, kscale, null_b)
+    side_x = centred_side(Xc, X.dtype, wa, rho_x, precision, kscale, null_a, mean_x)
+    side_y = centred_side(Yc, X.dtype, wb, rho_y, precision, kscale, null_b, mean_y)
     return side_x, side_y, centre
 
 
@@ -391,8 +404,10 @@ def _prepare_fused(X, Y, a, b, rho_x, rho_y, precision, checks: _Checks):
     ox, oy = tp.run_sides(X, Y, a, b, centre, precision, kscale, outs)
     null_a = "a" in per and per["a"][0] == 0
     null_b = "b" in per and per["b"][0] == 0
-    side_x = Side(ox["x"], ox["sq"], ox["w"], ox["logw"], rho_x, ox["xk"], kscale, null_a)
-    side_y = Side(oy["x"], oy["sq"], oy["w"], oy["logw"], rho_y, oy["xk"], kscale, null_b)
+    side_x = Side(ox["x"], ox["sq"], ox["w"], ox["logw"], rho_x, ox["xk"], kscale, null_a,
+                  mean=ox["mean"])  # fmt: skip
+    side_y = Side(oy["x"], oy["sq"], oy["w"], oy["logw"], rho_y, oy["xk"], kscale, null_b,
+                  mean=oy["mean"])  # fmt: skip
     return side_x, side_y, centre
 
 
@@ -404,6 +419,7 @@ def centred_side(
     precision: str,
     kscale: float,
     has_null: bool,
+    mean: torch.Tensor | None = None,
 ) -> Side:
     """The :class:`Side` of centred points ``xc`` (potential dtype), as the kernels read them.
 
@@ -421,7 +437,8 @@ def centred_side(
     if in_dtype in (torch.float16, torch.bfloat16):
         xc = xc.to(in_dtype)
         sq = xc.to(w.dtype).pow(2).sum(-1)
-    return Side(xc.contiguous(), sq.contiguous(), w, w.log(), rho, xk, kscale, has_null)
+    return Side(xc.contiguous(), sq.contiguous(), w, w.log(), rho, xk, kscale, has_null,
+                mean=mean)  # fmt: skip
 
 
 def _with_cost(side_x: Side, side_y: Side, cost, labels, sq_floor, B, pdtype):

@@ -7,6 +7,7 @@ blocks; d covers 1, 3, 17 and 130 (more than one feature chunk).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -62,8 +63,16 @@ def test_fused_prepare_matches_torch(device, path, precision, B, n, m, d, weight
     ref, got = _both(path, x, y, a, b, rho_x=None, rho_y=None, precision=precision)
     assert got.precision == ref.precision and got.batched == ref.batched
     torch.testing.assert_close(got.centre, ref.centre, rtol=2e-6, atol=2e-6)
-    for rs, gs in ((ref.X, got.X), (ref.Y, got.Y)):
+    for rs, gs, pts, w in ((ref.X, got.X, x, a), (ref.Y, got.Y, y, b)):
         assert gs.kscale == rs.kscale and gs.has_null == rs.has_null
+        # the weighted mean of the centred cloud (before any float16 rounding), in float64
+        p64 = pts.double() if B else pts.double()[None]
+        w64 = torch.ones(p64.shape[:-1], dtype=torch.float64, device=device)
+        w64 = w64 if w is None else w64 * w.double()
+        want = (w64[..., None] * p64).sum(1) / w64.sum(-1, keepdim=True) - ref.centre.double()
+        for side in (rs, gs):
+            assert side.mean.shape == want.shape and side.mean.dtype == side.sq.dtype
+            torch.testing.assert_close(side.mean.double(), want, rtol=0, atol=2e-5)
         for name in ("x", "sq", "w", "logw"):
             t = getattr(gs, name)
             assert t.shape == getattr(rs, name).shape and t.dtype == getattr(rs, name).dtype
@@ -86,6 +95,25 @@ def test_fused_prepare_matches_torch(device, path, precision, B, n, m, d, weight
         else:
             assert gs.xk is None
             torch.testing.assert_close(gs.x, rs.x, rtol=1e-6, atol=1e-5)
+
+
+def test_side_means_with_unequal_masses(device, path):
+    """Each side's weighted mean divides by that side's own mass (unbalanced: Σa ≠ Σb)."""
+    x, y, g = _clouds(device, 2, 67, 90, 17)
+    a = 3.0 * torch.rand(x.shape[:-1], generator=g).to(device)
+    b = 0.5 * torch.rand(y.shape[:-1], generator=g).to(device)
+    for kind in ("torch", "triton"):
+        path(kind)
+        p = P.prepare(x, y, a, b, rho_x=1.0, rho_y=2.0, precision="tf32")
+        for side, pts, w in ((p.X, x, a), (p.Y, y, b)):
+            w64 = w.double()
+            want = (w64[..., None] * pts.double()).sum(1) / w64.sum(-1, keepdim=True)
+            torch.testing.assert_close(side.mean.double(), want - p.centre.double(), rtol=0,
+                                       atol=2e-5)  # fmt: skip
+            assert torch.equal(P.side_mean(side), side.mean)
+            # without prepare's statistics: from the (float16-rounded) points
+            computed = P.side_mean(dataclasses.replace(side, mean=None))
+            torch.testing.assert_close(computed, side.mean, rtol=0, atol=2e-3)
 
 
 def test_fused_prepare_uniform_weights_and_strides(device, path):
@@ -152,15 +180,31 @@ def test_fused_prepare_errors_match_torch(device, path, case, message):
             P.prepare(x, y, a, b, rho_x=None, rho_y=None, precision="tf32")
 
 
+def _dyadic_weights(n: int, g: torch.Generator) -> torch.Tensor:
+    """Random positive weights k_i / 1024 (integers k_i) with a total of exactly 1."""
+    k = torch.randint(1, 8, (n,), generator=g, dtype=torch.float64)
+    k[-1] = 1024 - k[:-1].sum()
+    return (k / 1024).float()
+
+
 def test_fused_prepare_solve_matches_torch_path(device, path):
-    x, y, g = _clouds(device, 0, 90, 77, 17)
-    a = torch.rand(90, generator=g).to(device) + 0.2
-    a = a / a.sum()
+    # Coordinates on a 1/8 grid and dyadic weights: every weighted sum of the centre is exact
+    # in float32 whatever the summation order, so both paths centre the clouds identically.
+    # (With arbitrary data the two centres differ in the last bit, which can move a coordinate
+    # across a float16 rounding boundary: one grid step, 0.05 in a potential of 350 here.)
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randint(0, 128, (90, 17), generator=g) / 8.0 + 5.0).to(device)
+    y = (torch.randint(-64, 64, (77, 17), generator=g) / 8.0).to(device)
+    a = _dyadic_weights(90, g).to(device)
+    b = _dyadic_weights(77, g).to(device)
     kw = dict(eps=0.3, n_iters=5, tol=None, precision="tf32", backend="triton")
     path("torch")
-    ref = fs.sinkhorn(x, y, a, None, **kw)
+    ref = fs.sinkhorn(x, y, a, b, **kw)
+    prob_ref = P.prepare(x, y, a, b, rho_x=None, rho_y=None, precision="tf32")
     path("triton")
-    got = fs.sinkhorn(x, y, a, None, **kw)
+    got = fs.sinkhorn(x, y, a, b, **kw)
+    prob = P.prepare(x, y, a, b, rho_x=None, rho_y=None, precision="tf32")
+    assert torch.equal(prob.X.x, prob_ref.X.x) and torch.equal(prob.Y.x, prob_ref.Y.x)
     torch.testing.assert_close(got.f, ref.f, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(got.g, ref.g, rtol=1e-4, atol=1e-4)
     assert abs(float(got.value) - float(ref.value)) <= 1e-4 * abs(float(ref.value)) + 1e-5

@@ -141,3 +141,8 @@ class Backend(ABC):
             plan of (row_pot, col_pot) and â = P 1 its row marginal (induced marginal).
         """
         raise NotImplementedError(f"backend {self.name!r} has no transport gradient")
+
+    def dual_value(self, problem, f: torch.Tensor, g: torch.Tensor, eps: float):
+        """(B,) OT_eps of the potentials in one fused reduction, or None when the backend has
+        none (solvers/objective.dual_value then evaluates its torch formula)."""
+        return None

@@ -31,11 +31,18 @@ def plan_mass(problem: Problem, f: torch.Tensor, g: torch.Tensor) -> torch.Tenso
     return 0.5 * (mx + my)
 
 
-def dual_value(problem: Problem, f: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
+def dual_value(
+    problem: Problem, f: torch.Tensor, g: torch.Tensor, eps: float, backend: Backend | None = None
+) -> torch.Tensor:
     """(B,) OT_eps from the dual: φ_x + φ_y − eps (mass(P) − m_a m_b).
 
-    For probability weights and hard marginals this is <a, f> + <b, g>.
+    For probability weights and hard marginals this is <a, f> + <b, g>. With ``backend``, its
+    fused reduction (``Backend.dual_value``) where it has one.
     """
+    if backend is not None:
+        fused = backend.dual_value(problem, f, g, eps)
+        if fused is not None:
+            return fused
     X, Y = problem.X, problem.Y
     mass = plan_mass(problem, f, g)
     return _phi(X, f) + _phi(Y, g) - eps * (mass - X.mass * Y.mass)

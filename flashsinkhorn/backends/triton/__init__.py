@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from ..base import Backend
 from . import lse, plan
 
@@ -37,3 +39,11 @@ class TritonBackend(Backend):
         from . import transport
 
         return transport.transport_grad(rows, cols, row_pot, col_pot, eps, precision)
+
+    def dual_value(self, problem, f, g, eps):
+        # float32 potentials (every problem this backend accepts) in one launch (sums.py)
+        if problem.dtype != torch.float32:
+            return None
+        from . import sums
+
+        return sums.dual_value(problem, f, g, eps)

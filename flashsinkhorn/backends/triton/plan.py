@@ -21,7 +21,7 @@ import triton.language as tl
 
 from ..._triton_launch import FP_FUSION, cdiv, launch, precompile_once
 from ...problem import Side
-from . import lse
+from . import lse, sums
 from .configs import interpreting, plan_config
 
 _DYNAMIC = [
@@ -325,24 +325,15 @@ def phase_shift(X: Side, Y: Side, f, g, eps: float, phase: str) -> torch.Tensor 
     if phase == "iterate":
         return None
     ln_n = math.log(max(X.n, Y.n))
-    wa = X.w / X.w.sum(-1, keepdim=True)
-    wb = Y.w / Y.w.sum(-1, keepdim=True)
+    # One launch each (sums.py), not a dozen torch reductions.
     if phase == "second":
         lam = 0.5 * (X.damping(eps) + Y.damping(eps))
-        est = (1.0 - 0.5 / lam) * ((wa * f).sum(-1) + (wb * g).sum(-1))
-        return (est - (22.0 + ln_n) * eps).float()
-    # Elementwise products and sums, not a matrix product: no cuBLAS workspace (which a solve
-    # graph would keep) and no cuBLAS start-up in a process's first solve. The points are
-    # centred at the joint weighted mean (problem.prepare), Σ a x + Σ b y = 0, so the y mean
-    # is -(Σa / Σb) times the x mean and x̄·ȳ = -(Σa / Σb) ‖x̄‖²: one reduction over the
-    # points instead of two (the centre's rounding moves the estimate by ~1e-7 of the
-    # points' offset, far below eps).
-    xbar = (wa[..., None] * X.x.float()).sum(1)
-    ratio = X.w.sum(-1) / Y.w.sum(-1)
-    mean_sq = (wa * X.sq).sum(-1) + (wb * Y.sq).sum(-1) + 2.0 * ratio * (xbar * xbar).sum(-1)
-    mean_sq = mean_sq.float().clamp_min(0.0)
-    mean_cost = mean_sq.sqrt() if X.cost == "euclidean" else mean_sq
-    return -mean_cost + (34.0 - ln_n) * eps
+        return sums.second_shift(X, Y, f, g, 1.0 - 0.5 / lam, -(22.0 + ln_n) * eps)
+    # The weighted means come from prepare's statistics: no pass over the points and no
+    # n × d temporary (which set the peak memory of a fwd+bwd call, docs/performance.md
+    # entry 20). They are those of the points before the float16 rounding; the difference
+    # moves the estimate by far less than eps.
+    return sums.zero_shift(X, Y, (34.0 - ln_n) * eps)
 
 
 def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, phase="iterate"):

@@ -125,11 +125,12 @@ def _mass_stats(Ps, i_b64, p_lo, p_hi, n_prog, BLOCK_P: tl.constexpr):
 
 @triton.jit(do_not_specialize=["n_bx", "n_prog"])
 def _prepare_reduce_kernel(
-    Pw, Pmin, Pmax, Ps, Centre, Stats, d, n_bx, n_prog,
-    BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
+    Pw, Pmin, Pmax, Ps, Centre, Means, Stats, d, n_bx, n_prog, s_mean,
+    BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, N_ST: tl.constexpr,
 ):  # fmt: skip
     # One program per problem: Stats[b] = (min a, max a, mass a, min b, max b, mass b,
-    # max |x - centre| over both clouds, NaN count of a, of b); Centre[b] = joint weighted mean.
+    # max |x - centre| over both clouds, NaN count of a, of b); Centre[b] = joint weighted mean;
+    # Means[b], Means[b] + s_mean = weighted means of the centred x and y clouds.
     i_b = tl.program_id(0)
     i_b64 = i_b.to(tl.int64)
     ma, mina, maxa, nana = _mass_stats(Ps, i_b64, 0, n_bx, n_prog, BLOCK_P)
@@ -141,17 +142,23 @@ def _prepare_reduce_kernel(
         o_d = d0 + tl.arange(0, BLOCK_D)
         m_d = o_d < d
         b_s = tl.zeros([BLOCK_P, BLOCK_D], tl.float32)
+        b_sx = tl.zeros([BLOCK_P, BLOCK_D], tl.float32)
         b_lo = tl.full([BLOCK_P, BLOCK_D], float("inf"), tl.float32)
         b_hi = tl.full([BLOCK_P, BLOCK_D], float("-inf"), tl.float32)
         for p0 in range(0, n_prog, BLOCK_P):
             o_p = p0 + tl.arange(0, BLOCK_P)
             m = (o_p < n_prog)[:, None] & m_d[None, :]
             o = (i_b64 * n_prog + o_p.to(tl.int64))[:, None] * d + o_d[None, :]
-            b_s += tl.load(Pw + o, mask=m, other=0.0)
+            b_pw = tl.load(Pw + o, mask=m, other=0.0)
+            b_s += b_pw
+            b_sx += tl.where((o_p < n_bx)[:, None], b_pw, 0.0)
             b_lo = tl.minimum(b_lo, tl.load(Pmin + o, mask=m, other=float("inf")))
             b_hi = tl.maximum(b_hi, tl.load(Pmax + o, mask=m, other=float("-inf")))
         b_c = tl.sum(b_s, 0) * inv_mass
         tl.store(Centre + i_b64 * d + o_d, b_c, mask=m_d)
+        b_s1 = tl.sum(b_sx, 0)
+        tl.store(Means + i_b64 * d + o_d, b_s1 / ma - b_c, mask=m_d)
+        tl.store(Means + s_mean + i_b64 * d + o_d, (tl.sum(b_s, 0) - b_s1) / mb - b_c, mask=m_d)
         b_lo1 = tl.min(b_lo, 0)
         b_hi1 = tl.max(b_hi, 0)
         b_dev = tl.maximum(b_hi1 - b_c, b_c - b_lo1)
@@ -163,7 +170,7 @@ def _prepare_reduce_kernel(
         b_bad = tl.maximum(b_bad, (m_d & (b_fin == 0)).to(tl.int32))
     amax = tl.max(b_amax, 0)
     amax = tl.where(tl.max(b_bad, 0) > 0, float("inf"), amax)
-    o_s = i_b64 * 9
+    o_s = i_b64 * N_ST
     tl.store(Stats + o_s, mina)
     tl.store(Stats + o_s + 1, maxa)
     tl.store(Stats + o_s + 2, ma)
@@ -265,7 +272,8 @@ def stats(X: torch.Tensor, Y: torch.Tensor, a, b, outs: dict) -> tuple[torch.Ten
         Y: (B, m, d) float32 points.
         a: weights of X, (n,) or (B, n) of any float dtype, or None for uniform 1/n.
         b: weights of Y, likewise.
-        outs: the buffers of :func:`outputs` (the centre goes to ``outs["centre"]``).
+        outs: the buffers of :func:`outputs` (the centre goes to ``outs["centre"]``, the
+            weighted means of both clouds after centring to ``outs["means"]``).
 
     Returns:
         ``(centre, stats)``: (B, d) float32 joint weighted mean, and (B, N_STATS) float32 rows
@@ -280,7 +288,7 @@ def stats(X: torch.Tensor, Y: torch.Tensor, a, b, outs: dict) -> tuple[torch.Ten
     f32 = torch.float32
     part, ps, st = _carve(dev, [((3, B, n_prog, d), f32), ((B, n_prog, 4), f32),
                                 ((B, N_STATS), f32)])  # fmt: skip
-    centre = outs["centre"]
+    centre, means = outs["centre"], outs["means"]
     wa, s_ab, s_an = _weight_args(a)
     wb, s_bb, s_bn = _weight_args(b)
     bd = _block_d(d)
@@ -292,8 +300,8 @@ def stats(X: torch.Tensor, Y: torch.Tensor, a, b, outs: dict) -> tuple[torch.Ten
         BLOCK=_BLOCK, BLOCK_D=bd, HAS_A=wa is not None, HAS_B=wb is not None, **FP_FUSION,
     )  # fmt: skip
     launch(_prepare_reduce_kernel, (B,),
-        part[0], part[1], part[2], ps, centre, st, d, n_bx, n_prog,
-        BLOCK_P=_BLOCK_P, BLOCK_D=bd, **FP_FUSION,
+        part[0], part[1], part[2], ps, centre, means, st, d, n_bx, n_prog, means.stride(0),
+        BLOCK_P=_BLOCK_P, BLOCK_D=bd, N_ST=N_STATS, **FP_FUSION,
     )  # fmt: skip
     return centre, st
 
@@ -305,7 +313,9 @@ def outputs(X, Y, a, b, precision: str) -> dict:
     allocator's pattern short and periodic across a training loop's calls, so that the cached
     solve graphs (solvers/graphs.py, keyed on these addresses) keep hitting.
 
-    Returns a dict with ``centre`` (B, d) and per side ``x``/``y``: dicts with ``x`` (B, n, d)
+    Returns a dict with ``centre`` (B, d), ``means`` (2, B, d) (written by
+    :func:`stats`) and per side ``x``/``y``: dicts with ``mean`` (that side's row of
+    ``means``), ``x`` (B, n, d)
     float32, ``xk`` ((B, n, d) or (B, n, 2d) float16, or None for "ieee"), ``sq``, ``logw``
     and ``w`` ((B, n) float32; ``w`` is the caller's weight tensor itself when it already is
     (B, n) float32 contiguous, as on the torch path), and ``write_w`` (the kernel writes ``w``).
@@ -314,20 +324,21 @@ def outputs(X, Y, a, b, precision: str) -> dict:
     m = Y.shape[1]
     kd = {"ieee": 0, "tf32": d, "tf32x3": 2 * d}[precision]
     f32, f16 = torch.float32, torch.float16
-    specs, keeps = [((B, d), f32)], []
+    specs, keeps = [((B, d), f32), ((2, B, d), f32)], []
     for k, w in ((n, a), (m, b)):
         keep = w is not None and w.dtype == f32 and w.is_contiguous() and (w.dim() == 2 or B == 1)
         keeps.append(keep)
         specs += [((B, k, d), f32), ((B, k, kd), f16), ((B, k), f32), ((B, k), f32)]
         specs += [((B, k), f32)] if not keep else []
     it = iter(_carve(X.device, specs))
-    out = {"centre": next(it)}
+    out = {"centre": next(it), "means": next(it)}
     for name, w, keep in (("x", a, keeps[0]), ("y", b, keeps[1])):
         o = {"x": next(it), "xk": next(it), "sq": next(it), "logw": next(it)}
         if not kd:
             o["xk"] = None
         o["w"] = (w if w.dim() == 2 else w[None]) if keep else next(it)
         o["write_w"] = not keep and w is not None
+        o["mean"] = out["means"][0 if name == "x" else 1]
         out[name] = o
     return out
 
@@ -405,7 +416,7 @@ def run_stats(X, Y, a, b, outs: dict) -> tuple[torch.Tensor, torch.Tensor]:
         return stats(X, Y, a, b, outs)
     centre = outs["centre"]
     key = ("stats", tensor_key(X), tensor_key(Y), tensor_key(a), tensor_key(b),
-           tensor_key(centre))  # fmt: skip
+           tensor_key(centre), tensor_key(outs["means"]))  # fmt: skip
     # Only the graph's own scratch is returned from the capture: a view of ``outs`` held by
     # the cache would keep that block alive, and the next call's outputs could never land on
     # the same addresses again.

@@ -202,7 +202,7 @@ def _apply_fwd_kernel(
     scale2 = 2.0 * 1.4426950408889634 * dot_scale / eps
     inv_eps2 = 1.4426950408889634 / eps
     n_mb = tl.num_programs(0)
-    if MERGE:
+    if MERGE and n_split > 1:
         # Work items in the order programs start (an atomic counter after the tickets), the
         # column chunk slowest: the chunk a program waits for at its merge is held by a
         # program that started before it, whatever order the hardware dispatches blocks in.
@@ -555,10 +555,9 @@ def _launch_kernels(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, pre
         )
 
     splittable = cfg.p_tiles == 1
-    ticket = marg
-    if merge:
-        # one ticket per row block, then the work-item counter
-        ticket = torch.zeros(B * n_blocks + 1, dtype=torch.int32, device=rows.x.device)
+    # An unsplit sweep never touches the tickets: an int32 placeholder (the pointer type is
+    # part of the compiled kernel's signature), no memset launch.
+    ticket = torch.empty(1, dtype=torch.int32, device=rows.x.device)
     per_sm = None
     if splittable and rows.x.is_cuda:
         key = ("apply", tuple(kw.items()), xr.dtype, xc.dtype, xpts_r.dtype, V.dtype, A.dtype)
@@ -567,6 +566,9 @@ def _launch_kernels(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, pre
             *args(marg, marg, marg, marg, m, 1, ticket), **kw,
         )  # fmt: skip
     split, cps = _split_plan(n_blocks * B, m, cfg.block_n, rows.x.device, splittable, per_sm)
+    if merge and split > 1:
+        # one ticket per row block, then the work-item counter
+        ticket = torch.zeros(B * n_blocks + 1, dtype=torch.int32, device=rows.x.device)
     pmax = psum = pwsum = pacc = marg  # placeholders when not split
     f32 = dict(dtype=torch.float32, device=rows.x.device)
     if split > 1:

@@ -1,0 +1,118 @@
+"""Once-per-solve scalars from weighted sums over both sides, in one launch each.
+
+The plan step's shifts for its "zero" and "second" phases (plan.phase_shift) and the dual value
+of the returned potentials (solvers/objective.dual_value) are a few weighted sums over the
+points of each problem followed by scalar arithmetic. In torch that is 10-15 small kernels
+each, about 25 µs of GPU time apiece at n = m = 10⁴ (docs/performance.md entry 20): more than
+a tenth of one plan sweep. Here one program per problem streams both sides once and writes
+the scalar.
+
+Per side, with weights w and a per-point value p (a potential, or the squared norms):
+s0 = Σ w, s1 = Σ w·p, s2 = Σ w·exp(−p / rho) (KL-relaxed side only). Then, per ``mode``:
+
+* ``MODE_ZERO``: −Ĉ + c, the mean cost Ĉ = s1x/s0x + s1y/s0y − 2 x̄·ȳ (p = the squared norms,
+  x̄, ȳ the weighted means of the centred points; its square root for the euclidean cost);
+* ``MODE_SECOND``: k (s1x/s0x + s1y/s0y) + c (p = the potentials);
+* ``MODE_VALUE``: φx + φy − eps (mass(P) − s0x s0y) with φ = s1 for a hard marginal and
+  rho (s0 − s2) for a KL one, and mass(P) = s0 of a hard side, else (s2x + s2y) / 2.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..._triton_launch import FP_FUSION, launch
+from ...problem import Problem, Side, side_mean
+
+MODE_ZERO, MODE_SECOND, MODE_VALUE = 0, 1, 2
+_BLOCK = 1024
+_BLOCK_D = 64
+
+
+@triton.jit
+def _side_sums(W, P, i_b64, n, s_wb, s_pb, inv_rho, KL, BLOCK: tl.constexpr):
+    # (Σ w, Σ w p, Σ w exp(−p / rho)) of one side; the last only where KL is set.
+    b_s0 = tl.zeros([BLOCK], tl.float32)
+    b_s1 = tl.zeros([BLOCK], tl.float32)
+    b_s2 = tl.zeros([BLOCK], tl.float32)
+    for i0 in range(0, n, BLOCK):
+        o_n = i0 + tl.arange(0, BLOCK)
+        m_n = o_n < n
+        b_w = tl.load(W + i_b64 * s_wb + o_n, mask=m_n, other=0.0).to(tl.float32)
+        b_p = tl.load(P + i_b64 * s_pb + o_n, mask=m_n, other=0.0).to(tl.float32)
+        b_s0 += b_w
+        # a zero weight times an infinite value contributes nothing
+        b_s1 += tl.where(b_w != 0.0, b_w * b_p, 0.0)
+        if KL:
+            b_s2 += tl.where(b_w != 0.0, b_w * tl.exp(-b_p * inv_rho), 0.0)
+    return tl.sum(b_s0, 0), tl.sum(b_s1, 0), tl.sum(b_s2, 0)
+
+
+# Every integer argument unspecialised (Triton would otherwise compile separate kernels for the
+# values 1 and multiples of 16): one compiled kernel, built with the plan step's kernels.
+@triton.jit(do_not_specialize=["n", "m", "d", "s_wxb", "s_pxb", "s_wyb", "s_pyb", "mode", "kl_x",
+                               "kl_y", "euclid"])  # fmt: skip
+def _solve_scalar_kernel(
+    Wx, Px, Wy, Py, Mx, My, Out, n, m, d, s_wxb, s_pxb, s_wyb, s_pyb,
+    mode, kl_x, kl_y, inv_rho_x, inv_rho_y, rho_x, rho_y, euclid, k, c, eps,
+    BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    # One program per problem; mode, cost and marginal kinds are run-time values, so that a
+    # single compiled kernel serves both shifts and the value.
+    i_b64 = tl.program_id(0).to(tl.int64)
+    s0x, s1x, s2x = _side_sums(Wx, Px, i_b64, n, s_wxb, s_pxb, inv_rho_x, kl_x != 0, BLOCK)
+    s0y, s1y, s2y = _side_sums(Wy, Py, i_b64, m, s_wyb, s_pyb, inv_rho_y, kl_y != 0, BLOCK)
+    if mode == 0:
+        b_dot = tl.zeros([BLOCK_D], tl.float32)
+        for d0 in range(0, d, BLOCK_D):
+            o_d = d0 + tl.arange(0, BLOCK_D)
+            m_d = o_d < d
+            b_mx = tl.load(Mx + i_b64 * d + o_d, mask=m_d, other=0.0).to(tl.float32)
+            b_my = tl.load(My + i_b64 * d + o_d, mask=m_d, other=0.0).to(tl.float32)
+            b_dot += b_mx * b_my
+        mean_sq = tl.maximum(s1x / s0x + s1y / s0y - 2.0 * tl.sum(b_dot, 0), 0.0)
+        cost = tl.where(euclid != 0, tl.sqrt(mean_sq), mean_sq)
+        out = c - cost
+    elif mode == 1:
+        out = k * (s1x / s0x + s1y / s0y) + c
+    else:
+        phi_x = tl.where(kl_x != 0, rho_x * (s0x - s2x), s1x)
+        phi_y = tl.where(kl_y != 0, rho_y * (s0y - s2y), s1y)
+        mass = tl.where(kl_x == 0, s0x, tl.where(kl_y == 0, s0y, 0.5 * (s2x + s2y)))
+        out = phi_x + phi_y - eps * (mass - s0x * s0y)
+    tl.store(Out + i_b64, out)
+
+
+def _launch(mode: int, X: Side, Y: Side, px, py, *, k=0.0, c=0.0, eps=0.0, means=None):
+    B = X.w.shape[0]
+    out = torch.empty(B, dtype=torch.float32, device=X.w.device)
+    mx, my = means if means is not None else (out, out)
+    px, py = px.contiguous(), py.contiguous()
+    kl_x, kl_y = X.rho is not None, Y.rho is not None
+    launch(_solve_scalar_kernel, (B,),
+        X.w, px, Y.w, py, mx, my, out, X.w.shape[1], Y.w.shape[1], mx.shape[-1],
+        X.w.stride(0), px.stride(0), Y.w.stride(0), py.stride(0),
+        mode, int(kl_x), int(kl_y), 1.0 / X.rho if kl_x else 0.0, 1.0 / Y.rho if kl_y else 0.0,
+        float(X.rho or 0.0), float(Y.rho or 0.0), int(X.cost == "euclidean"), float(k),
+        float(c), float(eps),
+        BLOCK=_BLOCK, BLOCK_D=_BLOCK_D, **FP_FUSION,
+    )  # fmt: skip
+    return out
+
+
+def zero_shift(X: Side, Y: Side, c: float) -> torch.Tensor:
+    """(B,) float32 c − Ĉ, Ĉ the weighted mean cost between the clouds (plan.phase_shift)."""
+    means = (side_mean(X).float().contiguous(), side_mean(Y).float().contiguous())
+    return _launch(MODE_ZERO, X, Y, X.sq, Y.sq, c=c, means=means)
+
+
+def second_shift(X: Side, Y: Side, f, g, k: float, c: float) -> torch.Tensor:
+    """(B,) float32 k (f̄ + ḡ) + c with f̄, ḡ the weighted means of the potentials."""
+    return _launch(MODE_SECOND, X, Y, f, g, k=k, c=c)
+
+
+def dual_value(problem: Problem, f: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
+    """(B,) float32 OT_eps of the potentials from the dual (solvers/objective.dual_value)."""
+    return _launch(MODE_VALUE, problem.X, problem.Y, f, g, eps=eps)
