@@ -8,8 +8,9 @@ work, as long as the whole 10-iteration solve at n = m = 10⁴ on the GPU. Here 
 1. ``_prepare_stats_kernel``: per block of rows, the weighted coordinate sums, the per-feature
    minimum and maximum of the points, and the mass, minimum, maximum and NaN count of the
    weights (partials, no atomics: the result does not depend on scheduling);
-2. ``_prepare_reduce_kernel``: per problem, the centre and the value statistics the caller
-   reads back in its one synchronisation. The largest centred coordinate is
+2. ``_prepare_reduce_kernel``: per problem, the centre, each side's weighted mean after
+   centring (``Side.mean``, for the plan step's first shift) and the value statistics the
+   caller reads back in its one synchronisation. The largest centred coordinate is
    max_k max(max_i x_ik − c_k, c_k − min_i x_ik), exactly the maximum of |x_ik − c_k| since
    rounding is monotonic; a NaN or inf point makes it inf;
 3. ``_prepare_side_kernel``: centred points, their float16 grid copy ("tf32") or hi/lo parts
