@@ -301,3 +301,96 @@ def test_blocks_per_sm_matches_nsight_compute():
     # small kernels: the 32-block and thread limits
     assert blocks_per_sm(16, 0, 1, h100) == 32
     assert blocks_per_sm(32, 0, 4, h100) == 16
+
+
+@pytest.mark.parametrize("B,n,m,d", [(1, 37, 53, 3), (2, 21, 38, 130)])
+@pytest.mark.parametrize("rho", [None, 0.7])
+def test_dense_plan_step_matches_the_two_dense_sweeps(device, monkeypatch, B, n, m, d, rho):
+    """The plan sweep over the dense path's stored Gram matrix (plan.symmetric_step with
+    ``gram``) against the dense path's two soft-min sweeps over the same matrix."""
+    from flashsinkhorn.backends.triton import dense
+
+    eps = 0.2
+    p = _problem(B, n, m, d, device, rho=rho)
+    backend = dense.DenseTritonBackend(p)
+    f, g = _iterate(p, eps)
+    lx = p.X.damping(eps)
+    args = (p.X, p.Y, f, g, eps, 0.5, 0.5 * lx, 0.4 * lx, True, "ieee")
+    monkeypatch.setattr(dense, "USE_PLAN_STEP", False)
+    want = backend.symmetric_step(*args, phase="iterate")
+    monkeypatch.setattr(dense, "USE_PLAN_STEP", True)
+    seen = {}
+    real = lse.symmetric_step
+
+    def spy(*a, **kw):
+        seen["guard"] = kw["guard"]
+        return real(*a, **kw)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(plan.lse, "symmetric_step", spy)
+        got = backend.symmetric_step(*args, phase="iterate")
+    assert int(seen["guard"].item()) == 0  # the plan over K was in range: its own result
+    for gt, w in zip(got, want, strict=True):
+        assert (gt - w).abs().max() <= 2e-6 * w.abs().max()
+
+
+@pytest.mark.parametrize("precision", ["ieee", "tf32"])
+def test_dense_plan_step_whole_solve(device, monkeypatch, precision):
+    """A whole dense-path solve (zero, second and iterate phases on the plan) equals the one
+    with two dense sweeps per iteration."""
+    from flashsinkhorn.backends.triton import dense
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.rand(2, 45, 130, generator=g).to(device)
+    y = (torch.rand(2, 38, 130, generator=g) * 1.2).to(device)
+    kw = dict(eps=0.1, n_iters=6, tol=None, path="dense", backend="triton", precision=precision)
+    monkeypatch.setattr(dense, "USE_PLAN_STEP", False)
+    ref = fs.sinkhorn(x, y, **kw)
+    monkeypatch.setattr(dense, "USE_PLAN_STEP", True)
+    calls = []
+    real = plan.symmetric_step
+
+    def counted(*a, **k):
+        calls.append(k["gram"] is not None)
+        return real(*a, **k)
+
+    flags = []
+    real_lse = lse.symmetric_step
+
+    def spy(*a, **k):
+        flags.append(k["guard"])
+        return real_lse(*a, **k)
+
+    monkeypatch.setattr(plan, "symmetric_step", counted)
+    monkeypatch.setattr(plan.lse, "symmetric_step", spy)
+    got = fs.sinkhorn(x, y, **kw)
+    assert calls == [True] * 6  # every iteration on the plan over K,
+    assert [int(fl.item()) for fl in flags] == [0] * 6  # each in range: its own result
+    assert got.path == ref.path == "dense"
+    torch.testing.assert_close(got.f, ref.f, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.g, ref.g, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.value, ref.value, rtol=1e-6, atol=1e-6)
+
+
+def test_dense_plan_step_out_of_range_falls_back(device, monkeypatch):
+    """Out of range over K too (zero potentials, small eps): the guarded streaming step redoes
+    it, so the result is the online-LSE step's."""
+    from flashsinkhorn.backends.triton import dense
+
+    p = _problem(2, 37, 45, 5, device, seed=3)
+    backend = dense.DenseTritonBackend(p)
+    f, g = torch.zeros_like(p.X.sq), torch.zeros_like(p.Y.sq)
+    monkeypatch.setattr(dense, "USE_PLAN_STEP", True)
+    seen = {}
+    real = lse.symmetric_step
+
+    def spy(*a, **kw):
+        seen["guard"] = kw["guard"]
+        return real(*a, **kw)
+
+    monkeypatch.setattr(plan.lse, "symmetric_step", spy)
+    out = backend.symmetric_step(p.X, p.Y, f, g, 0.02, 0.5, 0.5, 0.5, True, "ieee", "iterate")
+    assert int(seen["guard"].item()) == 1
+    want = real(p.X, p.Y, f, g, 0.02, 0.5, 0.5, 0.5, True, "ieee")
+    for got, w in zip(out, want, strict=True):
+        assert torch.isfinite(got).all() and torch.equal(got, w)

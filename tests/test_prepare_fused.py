@@ -110,7 +110,6 @@ def test_side_means_with_unequal_masses(device, path):
             want = (w64[..., None] * pts.double()).sum(1) / w64.sum(-1, keepdim=True)
             torch.testing.assert_close(side.mean.double(), want - p.centre.double(), rtol=0,
                                        atol=2e-5)  # fmt: skip
-            assert torch.equal(P.side_mean(side), side.mean)
             # without prepare's statistics: from the (float16-rounded) points
             computed = P.side_mean(dataclasses.replace(side, mean=None))
             torch.testing.assert_close(computed, side.mean, rtol=0, atol=2e-3)

@@ -40,24 +40,44 @@ def _wmean(w, v):
     return (w * v).sum(-1) / w.sum(-1)
 
 
-@pytest.mark.parametrize(("rho_x", "rho_y"), [(None, None), (0.5, None), (None, 2.0), (0.7, 1.3)])
-def test_fused_dual_value_matches_the_torch_formula(device, rho_x, rho_y):
+def _double(p):
+    """The problem with weights and norms in float64 (what dual_value reads)."""
+    side = lambda s: dataclasses.replace(s, w=s.w.double(), sq=s.sq.double())  # noqa: E731
+    return dataclasses.replace(p, X=side(p.X), Y=side(p.Y))
+
+
+# Large rho: the KL term rho Σ w (1 − e^{−f/rho}) must not cancel in float32.
+RHOS = [(None, None), (0.5, None), (None, 2.0), (0.7, 1.3), (1e3, None), (1e4, 3e4)]
+
+
+@pytest.mark.parametrize(("rho_x", "rho_y"), RHOS)
+def test_fused_dual_value_matches_the_float64_formula(device, rho_x, rho_y):
     p, f, g = _problem(device, rho_x=rho_x, rho_y=rho_y)
-    want = dual_value(p, f, g, 0.3)  # torch formula (no backend)
+    want = dual_value(_double(p), f.double(), g.double(), 0.3)  # torch formula in float64
     got = dual_value(p, f, g, 0.3, TritonBackend())
     assert got.shape == want.shape == (3,) and got.dtype == torch.float32
-    torch.testing.assert_close(got.double(), want.double(), rtol=2e-6, atol=2e-6)
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
+    # the float32 torch formula is as close
+    torch.testing.assert_close(dual_value(p, f, g, 0.3).double(), want, rtol=1e-6, atol=1e-6)
 
 
-def test_fused_dual_value_in_float64_uses_the_torch_formula():
+def test_fused_dual_value_ignores_zero_weight_points(device):
+    """A zero-weight point contributes nothing, whatever its potential (even inf)."""
+    p, f, g = _problem(device, rho_x=0.5)
+    f_inf = f.clone()
+    f_inf[:, 3] = float("inf")  # a[:, 3] = 0
+    got = dual_value(p, f_inf, g, 0.3, TritonBackend())
+    torch.testing.assert_close(got, dual_value(p, f, g, 0.3, TritonBackend()), rtol=0, atol=0)
+
+
+def test_dual_value_in_float64_uses_the_torch_formula():
     p, f, g = _problem(torch.device("cpu"))
-    p64 = dataclasses.replace(
-        p,
-        X=dataclasses.replace(p.X, sq=p.X.sq.double()),
-        Y=dataclasses.replace(p.Y, sq=p.Y.sq.double()),
-    )
+    p64 = _double(p)
     assert p64.dtype == torch.float64
     assert TritonBackend().dual_value(p64, f.double(), g.double(), 0.3) is None
+    got = dual_value(p64, f.double(), g.double(), 0.3, TritonBackend())
+    assert got.dtype == torch.float64
+    assert torch.equal(got, dual_value(p64, f.double(), g.double(), 0.3))
 
 
 @pytest.mark.parametrize("lam", [1.0, 0.8])

@@ -41,7 +41,8 @@ class TritonBackend(Backend):
         return transport.transport_grad(rows, cols, row_pot, col_pot, eps, precision)
 
     def dual_value(self, problem, f, g, eps):
-        # float32 potentials (every problem this backend accepts) in one launch (sums.py)
+        # One launch (sums.py) in float32. resolve_backend keeps float64 off this backend; the
+        # check keeps the contract (None: use the torch formula) explicit.
         if problem.dtype != torch.float32:
             return None
         from . import sums

@@ -15,12 +15,17 @@ import triton.language as tl
 from ..._triton_launch import FP_FUSION, cdiv
 from ...problem import Problem, Side
 from ..torch_ref import matmul_precision
-from . import TritonBackend
+from . import TritonBackend, plan
 from .lse import _DYNAMIC, _partials, _softmin_epilogue, combine_one_side, plan_split
 
 # Smallest d at which the dense path is chosen by "auto", and the largest K it may allocate.
 DENSE_MIN_D = 256
 DENSE_MAX_BYTES = 4 << 30
+#: Symmetric steps from one plan sweep over K (plan.py with the Gram matrix) instead of two
+#: soft-min sweeps: half the bytes per iteration. Off until measured on a GPU (tested against
+#: the two sweeps under the interpreter; docs/performance.md entry 21). A step whose sums leave
+#: the plan's range is redone by the guarded *streaming* step (exact, but it recomputes x·yᵀ).
+USE_PLAN_STEP = False
 
 
 @triton.jit(do_not_specialize=_DYNAMIC + ["s_k", "s_kb"])
@@ -158,7 +163,14 @@ class DenseTritonBackend(TritonBackend):
     def symmetric_step(
         self, X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, phase="cold"
     ):  # fmt: skip
-        # Two launches over K (plus merges); no fused variant needed for a memory-bound sweep.
+        if (
+            USE_PLAN_STEP and phase != "cold" and X.x is self._x and plan.eligible(X, Y)
+        ):  # fmt: skip
+            return plan.symmetric_step(
+                X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, phase,
+                gram=self.gram,
+            )  # fmt: skip
+        # Two launches over K (plus merges).
         f_new, tf = self.softmin(X, Y, g, eps, f, alpha, beta_x, want_raw, precision)
         g_new, tg = self.softmin(Y, X, f, eps, g, alpha, beta_y, want_raw, precision)
         return f_new, g_new, tf, tg

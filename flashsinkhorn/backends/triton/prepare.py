@@ -144,6 +144,7 @@ def _prepare_reduce_kernel(
         m_d = o_d < d
         b_s = tl.zeros([BLOCK_P, BLOCK_D], tl.float32)
         b_sx = tl.zeros([BLOCK_P, BLOCK_D], tl.float32)
+        b_sy = tl.zeros([BLOCK_P, BLOCK_D], tl.float32)
         b_lo = tl.full([BLOCK_P, BLOCK_D], float("inf"), tl.float32)
         b_hi = tl.full([BLOCK_P, BLOCK_D], float("-inf"), tl.float32)
         for p0 in range(0, n_prog, BLOCK_P):
@@ -152,14 +153,15 @@ def _prepare_reduce_kernel(
             o = (i_b64 * n_prog + o_p.to(tl.int64))[:, None] * d + o_d[None, :]
             b_pw = tl.load(Pw + o, mask=m, other=0.0)
             b_s += b_pw
+            # each side's own sum (not total − x): ȳ keeps its accuracy when Σb ≪ Σa
             b_sx += tl.where((o_p < n_bx)[:, None], b_pw, 0.0)
+            b_sy += tl.where((o_p >= n_bx)[:, None], b_pw, 0.0)
             b_lo = tl.minimum(b_lo, tl.load(Pmin + o, mask=m, other=float("inf")))
             b_hi = tl.maximum(b_hi, tl.load(Pmax + o, mask=m, other=float("-inf")))
         b_c = tl.sum(b_s, 0) * inv_mass
         tl.store(Centre + i_b64 * d + o_d, b_c, mask=m_d)
-        b_s1 = tl.sum(b_sx, 0)
-        tl.store(Means + i_b64 * d + o_d, b_s1 / ma - b_c, mask=m_d)
-        tl.store(Means + s_mean + i_b64 * d + o_d, (tl.sum(b_s, 0) - b_s1) / mb - b_c, mask=m_d)
+        tl.store(Means + i_b64 * d + o_d, tl.sum(b_sx, 0) / ma - b_c, mask=m_d)
+        tl.store(Means + s_mean + i_b64 * d + o_d, tl.sum(b_sy, 0) / mb - b_c, mask=m_d)
         b_lo1 = tl.min(b_lo, 0)
         b_hi1 = tl.max(b_hi, 0)
         b_dev = tl.maximum(b_hi1 - b_c, b_c - b_lo1)
