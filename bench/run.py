@@ -206,11 +206,12 @@ def _kill(proc) -> None:
     proc.wait()
 
 
-def run_worker(args, provider, case, items, env, log) -> tuple[list[dict], dict]:
+def run_worker(args, provider, case, items, env, log, on_row=None) -> tuple[list[dict], dict]:
     """Run ``items`` in fresh worker processes until each has a row.
 
     A worker that dies or stalls costs the item in progress an error row; a new worker
-    takes the rest.
+    takes the rest. ``on_row(row, versions)`` is called as each row arrives (the caller saves
+    it at once, so a run stopped from outside keeps every row it printed).
     """
     rows: list[dict] = []
     versions: dict = {}
@@ -251,6 +252,8 @@ def run_worker(args, provider, case, items, env, log) -> tuple[list[dict], dict]
                     remaining.remove(key)
                 last = time.monotonic()
                 _progress(row)
+                if on_row is not None:
+                    on_row(row, versions)
             elif line.startswith(INFO_TAG):
                 versions.update(json.loads(line[len(INFO_TAG) :]).get("versions", {}))
             else:
@@ -268,6 +271,8 @@ def run_worker(args, provider, case, items, env, log) -> tuple[list[dict], dict]
             row["error"] = f"worker crashed ({how}); see the worker log"
         rows.append(row)
         _progress(row)
+        if on_row is not None:
+            on_row(row, versions)
     return rows, versions
 
 
@@ -436,11 +441,13 @@ def driver_main(args) -> int:
                     wenv["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cold-", dir=tmp)
                 batches = [[it] for it in items] if prov.isolate == "item" else [items]
                 for batch in batches:
-                    rows, vers = run_worker(args, prov_name, case, batch, wenv, log)
+                    # save each row as it comes, so an interrupted run keeps what it measured
+                    rows, vers = run_worker(
+                        args, prov_name, case, batch, wenv, log,
+                        on_row=lambda r, v: merge_results(out_path, info, [r], v),
+                    )  # fmt: skip
                     all_rows += rows
                     versions.update(vers)
-                    # save as we go, so an interrupted run keeps what it measured
-                    merge_results(out_path, info, rows, vers)
 
     print()
     print(format_table(all_rows))
