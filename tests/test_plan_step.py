@@ -38,19 +38,28 @@ def _iterate(p, eps, k=3):
     return f, g
 
 
-def _plan_with_flag(monkeypatch, *args):
-    """plan.symmetric_step and the value of its fallback flag (1: the guarded step redid it)."""
-    seen = {}
+def _spy_guards(mp):
+    """Spies on the guarded fallback the plan step launches: returns the list that receives
+    each step's flag (1: the fallback redid the step). The recorded launches of a first step's
+    parallel compile (CUDA) are not steps and are left out."""
+    flags = []
     real = lse.symmetric_step
 
     def spy(*a, **kw):
-        seen["guard"] = kw["guard"]
+        if kw.get("guard") is not None and L._RECORDING.get() is None:
+            flags.append(int(kw["guard"].item()))
         return real(*a, **kw)
 
+    mp.setattr(plan.lse, "symmetric_step", spy)
+    return flags
+
+
+def _plan_with_flag(monkeypatch, *args):
+    """plan.symmetric_step and the value of its fallback flag (1: the guarded step redid it)."""
     with monkeypatch.context() as mp:
-        mp.setattr(plan.lse, "symmetric_step", spy)
+        flags = _spy_guards(mp)
         out = plan.symmetric_step(*args)
-    return out, int(seen["guard"].item())
+    return out, flags[-1]
 
 
 @pytest.mark.parametrize("B,n,m,d", SHAPES)
@@ -229,16 +238,7 @@ def test_solve_never_falls_back_with_phases(device, monkeypatch):
     gen = torch.Generator().manual_seed(9)
     x = torch.rand(1, 43, 40, generator=gen).to(device)
     y = torch.rand(1, 38, 40, generator=gen).to(device)
-    flags = []
-    real = lse.symmetric_step
-
-    def spy(*a, **kw):
-        # (on CUDA the first step of a kind also runs once recorded, for its parallel compile)
-        if kw.get("guard") is not None and L._RECORDING.get() is None:
-            flags.append(int(kw["guard"].item()))
-        return real(*a, **kw)
-
-    monkeypatch.setattr(plan.lse, "symmetric_step", spy)
+    flags = _spy_guards(monkeypatch)
     res = fs.sinkhorn(x, y, eps=0.1, n_iters=10, tol=None, schedule="symmetric", backend="triton",
                       precision="ieee")  # fmt: skip
     assert flags == [0] * 10
@@ -319,17 +319,10 @@ def test_dense_plan_step_matches_the_two_dense_sweeps(device, monkeypatch, B, n,
     monkeypatch.setattr(dense, "USE_PLAN_STEP", False)
     want = backend.symmetric_step(*args, phase="iterate")
     monkeypatch.setattr(dense, "USE_PLAN_STEP", True)
-    seen = {}
-    real = lse.symmetric_step
-
-    def spy(*a, **kw):
-        seen["guard"] = kw["guard"]
-        return real(*a, **kw)
-
     with monkeypatch.context() as mp:
-        mp.setattr(plan.lse, "symmetric_step", spy)
+        flags = _spy_guards(mp)
         got = backend.symmetric_step(*args, phase="iterate")
-    assert int(seen["guard"].item()) == 0  # the plan over K was in range: its own result
+    assert flags == [0]  # the plan over K was in range: its own result
     for gt, w in zip(got, want, strict=True):
         assert (gt - w).abs().max() <= 2e-6 * w.abs().max()
 
@@ -354,18 +347,11 @@ def test_dense_plan_step_whole_solve(device, monkeypatch, precision):
         calls.append(k["gram"] is not None)
         return real(*a, **k)
 
-    flags = []
-    real_lse = lse.symmetric_step
-
-    def spy(*a, **k):
-        flags.append(k["guard"])
-        return real_lse(*a, **k)
-
     monkeypatch.setattr(plan, "symmetric_step", counted)
-    monkeypatch.setattr(plan.lse, "symmetric_step", spy)
+    flags = _spy_guards(monkeypatch)
     got = fs.sinkhorn(x, y, **kw)
     assert calls == [True] * 6  # every iteration on the plan over K,
-    assert [int(fl.item()) for fl in flags] == [0] * 6  # each in range: its own result
+    assert flags == [0] * 6  # each in range: its own result
     assert got.path == ref.path == "dense"
     torch.testing.assert_close(got.f, ref.f, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got.g, ref.g, rtol=1e-5, atol=1e-5)
@@ -381,16 +367,10 @@ def test_dense_plan_step_out_of_range_falls_back(device, monkeypatch):
     backend = dense.DenseTritonBackend(p)
     f, g = torch.zeros_like(p.X.sq), torch.zeros_like(p.Y.sq)
     monkeypatch.setattr(dense, "USE_PLAN_STEP", True)
-    seen = {}
     real = lse.symmetric_step
-
-    def spy(*a, **kw):
-        seen["guard"] = kw["guard"]
-        return real(*a, **kw)
-
-    monkeypatch.setattr(plan.lse, "symmetric_step", spy)
+    flags = _spy_guards(monkeypatch)
     out = backend.symmetric_step(p.X, p.Y, f, g, 0.02, 0.5, 0.5, 0.5, True, "ieee", "iterate")
-    assert int(seen["guard"].item()) == 1
+    assert flags == [1]
     want = real(p.X, p.Y, f, g, 0.02, 0.5, 0.5, 0.5, True, "ieee")
     for got, w in zip(out, want, strict=True):
         assert torch.isfinite(got).all() and torch.equal(got, w)
