@@ -105,15 +105,6 @@ def plan_config(d: int, half_operands: bool = False) -> LSEConfig:
     return _plan_config(d, bool(half_operands), interpreting())
 
 
-def dense_plan_config() -> LSEConfig:
-    """Tile shape of the plan step over a stored Gram matrix (dense.py): the sweep only loads
-    K tiles, whatever d. Rows of K are contiguous, so wide column tiles keep the loads long.
-    Not yet tuned on a GPU (docs/performance.md entry 21)."""
-    if interpreting():
-        return LSEConfig(16, 32, 16, 1, 4, 1)
-    return LSEConfig(64, 128, 16, 1, 4, 3)
-
-
 @functools.lru_cache(maxsize=256)
 def _plan_config(d: int, half_operands: bool, interp: bool) -> LSEConfig:
     base = _lse_config(d, half_operands, interp)

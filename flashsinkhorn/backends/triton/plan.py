@@ -22,7 +22,7 @@ import triton.language as tl
 from ..._triton_launch import FP_FUSION, cdiv, launch, precompile_once
 from ...problem import Side
 from . import lse, sums
-from .configs import dense_plan_config, interpreting, plan_config
+from .configs import interpreting, plan_config
 
 _DYNAMIC = [
     "n_x",
@@ -40,8 +40,6 @@ _DYNAMIC = [
     "s_gb",
     "s_prs",
     "s_pcb",
-    "s_kb",
-    "s_k",
     "has_shift",
 ]
 
@@ -54,12 +52,12 @@ _HIGH = 3.0e38
 
 @triton.jit
 def _plan_rows(
-    X, Y, Xsq, Ysq, U, V, Prow, p_col, K, i_b64, i_m, i_s, i_first,
-    n_x, n_y, d, cols_per_split, s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs, s_kb, s_k,
+    X, Y, Xsq, Ysq, U, V, Prow, p_col, i_b64, i_m, i_s, i_first,
+    n_x, n_y, d, cols_per_split, s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs,
     scale2, inv_eps2, dot_scale, sq_floor,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     D_TILES: tl.constexpr, PRECISION: tl.constexpr, EUCLID: tl.constexpr, EVEN_D: tl.constexpr,
-    ACCUM: tl.constexpr, DENSE: tl.constexpr,
+    ACCUM: tl.constexpr,
 ):  # fmt: skip
     # One x-row block against one column chunk: its row sums to Prow, its column sums added to
     # the group's row of the column partials (written when i_m is the group's first block).
@@ -72,10 +70,8 @@ def _plan_rows(
     m_dd = (o_d < BLOCK_D) if EVEN_D else (o_d < d)
     b_r = tl.zeros([BLOCK_M, BLOCK_D], X.dtype.element_ty)  # placeholder when D_TILES > 1
     b_rl = b_r
-    if D_TILES == 1 and not DENSE:
+    if D_TILES == 1:
         b_r, b_rl = lse._load_parts(p_r, m_m[:, None] & m_dd[None, :], d, PRECISION)
-    # DENSE: the dot products are read from the stored Gram matrix K = X Yᵀ (dense.py).
-    p_k0 = K + i_b64 * s_kb + o_m.to(tl.int64)[:, None] * s_k
     # Biases of the plan's exponent (u: rows, v: columns), formed once per step by
     # _plan_bias_kernel: one load per column instead of three and their arithmetic.
     b_u = tl.load(U + i_b64 * n_x + o_m, mask=m_m, other=float("-inf"))
@@ -95,13 +91,22 @@ def _plan_rows(
         if ACCUM:
             m_old = m_n & ((tl.zeros([BLOCK_N], tl.int32) + i_m) != i_first)
             b_old = tl.load(p_col + o_n, mask=m_old, other=0.0)
-        if DENSE:
-            b_s = tl.load(p_k0 + o_n[None, :], mask=m_m[:, None] & m_n[None, :], other=0.0)
-        else:
-            b_s, _ = lse._score_tile(
-                p_r, p_c, m_m, m_n, m_dd, b_r, b_rl, o_d, d,
-                BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION,
-            )  # fmt: skip
+        b_s, _ = lse._score_tile(
+            p_r,
+            p_c,
+            m_m,
+            m_n,
+            m_dd,
+            b_r,
+            b_rl,
+            o_d,
+            d,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_D,
+            D_TILES,
+            PRECISION,
+        )
         b_v = tl.load(V + i_b64 * n_y + o_n, mask=m_n, other=float("-inf"))
         b_csq = b_v
         if EUCLID:
@@ -121,13 +126,13 @@ def _plan_rows(
 
 @triton.jit(do_not_specialize=_DYNAMIC)
 def _plan_fwd_kernel(
-    X, Y, Xsq, Ysq, U, V, Prow, Pcol, Flag, K,
+    X, Y, Xsq, Ysq, U, V, Prow, Pcol, Flag,
     n_x, n_y, d, cols_per_split, n_blocks_x, n_groups,
-    s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs, s_pcb, s_kb, s_k,
+    s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs, s_pcb,
     eps, dot_scale, sq_floor,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     D_TILES: tl.constexpr, PRECISION: tl.constexpr, EUCLID: tl.constexpr, EVEN_D: tl.constexpr,
-    GROUPED: tl.constexpr, DENSE: tl.constexpr,
+    GROUPED: tl.constexpr,
 ):  # fmt: skip
     # Program (i_g, i_b, i_s) sweeps column chunk i_s for the x-row blocks i_g, i_g + n_groups,
     # ...: the column partials need one row per group, not per row block, which keeps them
@@ -149,19 +154,19 @@ def _plan_fwd_kernel(
             # reads them back (the reduced vector's owner may differ between loads and stores).
             tl.debug_barrier()
             _plan_rows(
-                X, Y, Xsq, Ysq, U, V, Prow, p_col, K, i_b64, i_m, i_s, i_g,
-                n_x, n_y, d, cols_per_split, s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs, s_kb,
-                s_k, scale2, inv_eps2, dot_scale, sq_floor,
-                BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, EUCLID, EVEN_D, True, DENSE,
+                X, Y, Xsq, Ysq, U, V, Prow, p_col, i_b64, i_m, i_s, i_g,
+                n_x, n_y, d, cols_per_split, s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs,
+                scale2, inv_eps2, dot_scale, sq_floor,
+                BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, EUCLID, EVEN_D, True,
             )  # fmt: skip
     else:
         # One row block per group: the loop nest and the running sums cost ~10 % at 50k
         # (bench/results/dev/plan_sweep_h200_s17_groups2.json).
         _plan_rows(
-            X, Y, Xsq, Ysq, U, V, Prow, p_col, K, i_b64, i_g, i_s, i_g,
-            n_x, n_y, d, cols_per_split, s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs, s_kb,
-            s_k, scale2, inv_eps2, dot_scale, sq_floor,
-            BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, EUCLID, EVEN_D, False, DENSE,
+            X, Y, Xsq, Ysq, U, V, Prow, p_col, i_b64, i_g, i_s, i_g,
+            n_x, n_y, d, cols_per_split, s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs,
+            scale2, inv_eps2, dot_scale, sq_floor,
+            BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, EUCLID, EVEN_D, False,
         )  # fmt: skip
 
 
@@ -331,35 +336,27 @@ def phase_shift(X: Side, Y: Side, f, g, eps: float, phase: str) -> torch.Tensor 
     return sums.zero_shift(X, Y, (34.0 - ln_n) * eps)
 
 
-def symmetric_step(
-    X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, phase="iterate", gram=None
-):  # fmt: skip
+def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, phase="iterate"):
     """Both half-steps of a symmetric iteration from one plan sweep, redone by the guarded
     online-LSE step when the plan's sums leave the trusted range. Same contract as
     :func:`lse.symmetric_step`; ``phase`` (one of :data:`PHASES`) sets the plan's shift
-    (:func:`phase_shift`). ``gram``: (B, n, m) float32 x·yᵀ, stored by the dense path, read
-    instead of recomputing the dot products. The first call of a kind compiles its five
-    kernels in parallel."""
+    (:func:`phase_shift`). The first call of a kind compiles its five kernels in parallel."""
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
-    args = (X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, phase, gram)
+    args = (X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, phase)
     # A kernel outside this key (the grouped sweep past 4 row blocks per SM) compiles on its
     # first launch, as every kernel did before.
-    key = ("plan", X.x.device, X.x.shape[-1], X.x.dtype, precision, X.cost, want_raw,
-           gram is not None)  # fmt: skip
+    key = ("plan", X.x.device, X.x.shape[-1], X.x.dtype, precision, X.cost, want_raw)
     precompile_once(key, _symmetric_step, *args)
     return _symmetric_step(*args)
 
 
-def _symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, phase, gram):
+def _symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, phase):
     B, n, d = X.x.shape
     m = Y.x.shape[1]
     shift = phase_shift(X, Y, f, g, eps, phase)
     xx, xy, dot_scale, prec = lse.operands(X, Y, precision)
-    dense = gram is not None
-    if dense:
-        dot_scale = 1.0
-    cfg = dense_plan_config() if dense else plan_config(d, lse._half(xx, prec))
+    cfg = plan_config(d, lse._half(xx, prec))
     out = lse.step_outputs(f, g, want_raw)
     f_new, g_new, f_raw, g_raw = out
     nbx = cdiv(n, cfg.block_m)
@@ -385,16 +382,14 @@ def _symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision,
         int(has_shift), float(eps),
         BLOCK=_FINISH_BLOCK, EUCLID=euclid, **FP_FUSION,
     )  # fmt: skip
-    kmat = gram if dense else flag
-    s_kb, s_k = (gram.stride(0), gram.stride(1)) if dense else (0, 0)
     launch(_plan_fwd_kernel, (groups, B, split),
-        xx, xy, X.sq, Y.sq, u, v, prow, pcol, flag, kmat,
+        xx, xy, X.sq, Y.sq, u, v, prow, pcol, flag,
         n, m, d, cps, nbx, groups,
         xx.stride(0), xx.stride(1), xy.stride(0), xy.stride(1), f.stride(0), g.stride(0),
-        f.numel(), groups * m, s_kb, s_k, float(eps), float(dot_scale), float(X.sq_floor),
+        f.numel(), groups * m, float(eps), float(dot_scale), float(X.sq_floor),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
         PRECISION=prec, EUCLID=euclid, EVEN_D=d == cfg.block_d and cfg.d_tiles == 1,
-        GROUPED=grouped, DENSE=dense,
+        GROUPED=grouped,
         **cfg.launch_options(), **FP_FUSION,
     )  # fmt: skip
     launch(_plan_finish_kernel, grid,
