@@ -11,7 +11,7 @@ from flashsinkhorn.backends.triton import dense, lse
 from flashsinkhorn.problem import prepare
 
 # odd sizes: several row blocks and column tiles of the interpreter's 16 x 32 tile, d = 1..130
-SHAPES = [(1, 37, 53, 3), (2, 21, 38, 130), (1, 50, 17, 1), (1, 33, 70, 17)]
+SHAPES = [(1, 37, 53, 3), (2, 21, 38, 130), (1, 50, 17, 1), (1, 33, 70, 17), (1, 20, 32, 3)]
 
 
 def _problem(B, n, m, d, device, seed=0, rho=None, zero_weights=False):
@@ -128,3 +128,15 @@ def test_dense_solve_takes_the_fused_step(device, monkeypatch, precision):
     torch.testing.assert_close(got.f, ref.f, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got.g, ref.g, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got.value, ref.value, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("m", [16, 53])
+def test_gram_rows_padded_to_16(device, m):
+    """K's row stride is a multiple of 16 floats (the kernels are specialised on it and load
+    16-byte vectors up to that width); the padding columns are zeros."""
+    p, _ = _problem(2, 7, m, 3, device)
+    K = dense.DenseTritonBackend(p).gram
+    assert K.shape[:2] == (2, 7) and K.stride(1) % 16 == 0 and K.stride(0) % 16 == 0
+    assert K.shape[2] >= m and (K[..., m:] == 0).all()
+    want = p.X.x.double() @ p.Y.x.double().transpose(1, 2)
+    assert torch.allclose(K[..., :m].double(), want, atol=1e-5)

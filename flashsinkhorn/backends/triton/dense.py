@@ -44,7 +44,8 @@ def sym_tile() -> tuple[int, int, int, int]:
     return 64, 128, 8, 3
 
 
-@triton.jit(do_not_specialize=_DYNAMIC + ["s_k", "s_kb"])
+# s_k and s_kb are specialised: always multiples of 16 (K's padded rows), one variant.
+@triton.jit(do_not_specialize=_DYNAMIC)
 def _dense_softmin_kernel(
     K,
     Rsq,
@@ -85,17 +86,22 @@ def _dense_softmin_kernel(
     o_m64 = o_m.to(tl.int64)
     b_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     b_sum = tl.zeros([BLOCK_M], tl.float32)
-    col_start = i_s * cols_per_split
+    # chunks are a multiple of BLOCK_N wide (lse._chunk)
+    col_start = tl.multiple_of(i_s * cols_per_split, BLOCK_N)
     col_stop = tl.minimum(col_start + cols_per_split, n_cols)
     for start_n in range(col_start, col_stop, BLOCK_N):
         o_n = start_n + tl.arange(0, BLOCK_N)
         m_n = o_n < n_cols
         o_n64 = o_n.to(tl.int64)
+        # Along K's rows the load is masked at the padded width s_k (16-byte vectors; the
+        # padding holds zeros, and the −inf biases of the columns past n_y remove them).
         if TRANSPOSED:
             p_k = K + i_b * s_kb + o_n64[None, :] * s_k + o_m64[:, None]
+            m_k = (o_m < s_k)[:, None] & m_n[None, :]
         else:
             p_k = K + i_b * s_kb + o_m64[:, None] * s_k + o_n64[None, :]
-        b_s = tl.load(p_k, mask=m_m[:, None] & m_n[None, :], other=0.0)
+            m_k = m_m[:, None] & (o_n < s_k)[None, :]
+        b_s = tl.load(p_k, mask=m_k, other=0.0)
         o_vc = i_b * s_vcb + o_n
         b_h = (
             tl.load(Cpot + o_vc, mask=m_n, other=0.0) - tl.load(Csq + o_vc, mask=m_n, other=0.0)
@@ -114,7 +120,8 @@ def _dense_softmin_kernel(
         _softmin_epilogue(b_max, b_sum, Rsq, Rold, Out, Raw, o_vr, m_m, eps, alpha, beta, WRITE_RAW)
 
 
-@triton.jit(do_not_specialize=_DYNAMIC + ["s_k", "s_kb"])
+# s_k and s_kb are specialised: always multiples of 16 (K's padded rows), one variant.
+@triton.jit(do_not_specialize=_DYNAMIC)
 def _dense_sym_kernel(
     K, Xsq, Ysq, Xlogw, Ylogw, F, G, PFmax, PFsum, PGmax, PGsum,
     n_x, n_y, cols_per_split, s_kb, s_k, s_fb, s_gb, s_pfs, s_pgs, eps,
@@ -134,17 +141,20 @@ def _dense_sym_kernel(
     o_vx = i_b * s_fb + o_m
     p_k0 = K + i_b * s_kb + o_m.to(tl.int64)[:, None] * s_k
     # The y-side soft-min's column bias (its columns are the x points), from the old f.
-    b_u, _ = _col_bias(F, Xsq, Xlogw, o_vx, m_m, inv_eps2, False)
+    b_u, b_xsq = _col_bias(F, Xsq, Xlogw, o_vx, m_m, inv_eps2, False)
     b_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     b_sum = tl.zeros([BLOCK_M], tl.float32)
-    col_start = i_s * cols_per_split
+    # chunks are a multiple of BLOCK_N wide (lse._chunk)
+    col_start = tl.multiple_of(i_s * cols_per_split, BLOCK_N)
     col_stop = tl.minimum(col_start + cols_per_split, n_y)
     for start_n in range(col_start, col_stop, BLOCK_N):
         o_n = start_n + tl.arange(0, BLOCK_N)
         m_n = o_n < n_y
-        b_s = tl.load(p_k0 + o_n[None, :], mask=m_m[:, None] & m_n[None, :], other=0.0)
+        # Masked at the padded width, a multiple of 16 (vector loads); the columns past n_y
+        # hold 0 and get a −inf bias.
+        b_s = tl.load(p_k0 + o_n[None, :], mask=m_m[:, None] & (o_n < s_k)[None, :], other=0.0)
         o_vy = i_b * s_gb + o_n
-        b_h, _ = _col_bias(G, Ysq, Ylogw, o_vy, m_n, inv_eps2, False)
+        b_h, b_ysq = _col_bias(G, Ysq, Ylogw, o_vy, m_n, inv_eps2, False)
         b_s2 = b_s * scale2
         # x side: online LSE along the row.
         b_z = b_s2 + b_h[None, :]
@@ -174,8 +184,15 @@ class DenseTritonBackend(TritonBackend):
     def __init__(self, problem: Problem):
         X, Y = problem.X, problem.Y
         self._x = X.x
+        # Rows padded to a multiple of 16 floats (zero columns past m): the kernels are
+        # specialised on that stride and mask their tile loads at the padded width, which lets
+        # every tile load be 16-byte vectors for any m with one compiled variant.
+        y = Y.x.float()
+        pad = -Y.n % 16
+        if pad:
+            y = torch.nn.functional.pad(y, (0, 0, 0, pad))
         with matmul_precision("tf32" if problem.precision == "tf32" else "ieee", X.x.device):
-            self.gram = torch.bmm(X.x.float(), Y.x.float().transpose(1, 2)).contiguous()
+            self.gram = torch.bmm(X.x.float(), y.transpose(1, 2))
 
     def softmin(self, rows: Side, cols: Side, col_pot, eps, old, alpha, beta, want_raw, precision):
         transposed = rows.x is not self._x
