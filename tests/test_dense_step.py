@@ -1,16 +1,15 @@
-"""The dense path's fused symmetric step (backends/triton/dense.py, ``_dense_sym_kernel``): both
-soft-mins of an iteration from one sweep over the stored Gram matrix. Interpreter on CPU, real
-kernels on CUDA; against the two single-side dense sweeps and the float64 torch backend."""
+"""The dense path's symmetric step (backends/triton/dense.py): two soft-min sweeps over the
+stored Gram matrix, whose rows are padded to 16 floats so that the kernels load 16-byte
+vectors. Interpreter on CPU, real kernels on CUDA; against the float64 torch backend."""
 
 import pytest
 import torch
 
-import flashsinkhorn as fs
 from flashsinkhorn.backends import TorchBackend
 from flashsinkhorn.backends.triton import dense, lse
 from flashsinkhorn.problem import prepare
 
-# odd sizes: several row blocks and column tiles of the interpreter's 16 x 32 tile, d = 1..130
+# odd sizes (m = 32: no padding), several row blocks and column tiles, d = 1..130
 SHAPES = [(1, 37, 53, 3), (2, 21, 38, 130), (1, 50, 17, 1), (1, 33, 70, 17), (1, 20, 32, 3)]
 
 
@@ -40,94 +39,53 @@ def _potentials(p64, eps, k):
     return f, g
 
 
-def _step(monkeypatch, backend, fused, *args):
-    monkeypatch.setattr(dense, "USE_FUSED_STEP", fused)
-    return backend.symmetric_step(*args)
+def _check(got, ref):
+    for gt, rf in zip(got, ref, strict=True):
+        assert torch.isfinite(gt).all()
+        assert (gt.double().cpu() - rf).abs().max() <= 5e-6 * rf.abs().max()
 
 
 @pytest.mark.parametrize("B,n,m,d", SHAPES)
 @pytest.mark.parametrize("rho", [None, 0.7])
 @pytest.mark.parametrize("k", [0, 3])
-def test_fused_step_matches_two_sweeps_and_float64(device, monkeypatch, B, n, m, d, rho, k):
-    """One fused step against the two dense sweeps (same K, same f32 inputs) and against the
-    float64 torch step, from zero potentials and from a loop iterate, with the schedule's
-    average and unequal damping weights."""
+def test_dense_step_matches_float64(device, B, n, m, d, rho, k):
+    """One dense symmetric step against the float64 torch step, from zero potentials and from
+    a loop iterate, with the schedule's average and unequal damping weights."""
     eps = 0.1
     p, p64 = _problem(B, n, m, d, device, rho=rho)
     f64, g64 = _potentials(p64, eps, k)
     f, g = f64.float().to(device), g64.float().to(device)
-    backend = dense.DenseTritonBackend(p)
     lx = p.X.damping(eps)
     tail = (eps, 0.5, 0.5 * lx, 0.4 * lx, True, "ieee")
-    got = _step(monkeypatch, backend, True, p.X, p.Y, f, g, *tail)
-    two = _step(monkeypatch, backend, False, p.X, p.Y, f, g, *tail)
-    ref = TorchBackend().symmetric_step(p64.X, p64.Y, f64, g64, *tail)
-    for gt, tw, rf in zip(got, two, ref, strict=True):
-        scale = rf.abs().max()
-        assert (gt - tw).abs().max() <= 2e-6 * scale
-        assert (gt.double().cpu() - rf).abs().max() <= 5e-6 * scale
+    got = dense.DenseTritonBackend(p).symmetric_step(p.X, p.Y, f, g, *tail)
+    _check(got, TorchBackend().symmetric_step(p64.X, p64.Y, f64, g64, *tail))
 
 
 @pytest.mark.parametrize("split", [1, 3])
-def test_fused_step_column_chunks(device, monkeypatch, split):
-    """The x side's partials over one and several column chunks, the y side's over every
-    x-row block, merged to the same step."""
+def test_dense_step_column_chunks(device, monkeypatch, split):
+    """Both sweeps over one and over several column chunks (partials merged)."""
     eps = 0.2
     p, p64 = _problem(2, 45, 100, 5, device, seed=2)
     f64, g64 = _potentials(p64, eps, 2)
     f, g = f64.float().to(device), g64.float().to(device)
     monkeypatch.setattr(lse, "FORCE_SPLIT", split)
-    backend = dense.DenseTritonBackend(p)
-    got = _step(monkeypatch, backend, True, p.X, p.Y, f, g, eps, 0.0, 1.0, 1.0, False, "ieee")
-    ref = TorchBackend().symmetric_step(p64.X, p64.Y, f64, g64, eps, 0.0, 1.0, 1.0, False, "ieee")
+    tail = (eps, 0.0, 1.0, 1.0, False, "ieee")
+    got = dense.DenseTritonBackend(p).symmetric_step(p.X, p.Y, f, g, *tail)
     assert got[2] is None and got[3] is None
-    for gt, rf in zip(got[:2], ref[:2], strict=True):
-        assert (gt.double().cpu() - rf).abs().max() <= 5e-6 * rf.abs().max()
+    _check(got[:2], TorchBackend().symmetric_step(p64.X, p64.Y, f64, g64, *tail)[:2])
 
 
-def test_fused_step_zero_weights_and_wide_range(device, monkeypatch):
+def test_dense_step_zero_weights_and_wide_range(device):
     """Zero-weight points on both sides (−inf biases, whole tile columns of them) and a small
-    eps from zero potentials (exponents spread over thousands of e-folds): finite, and the
-    same as the two sweeps."""
+    eps from zero potentials (exponents spread over thousands of e-folds)."""
     p, p64 = _problem(1, 37, 53, 4, device, seed=4, zero_weights=True)
     backend = dense.DenseTritonBackend(p)
     f, g = torch.zeros_like(p.X.sq), torch.zeros_like(p.Y.sq)
     for eps in (0.5, 1e-3):
         tail = (eps, 0.0, 1.0, 1.0, False, "ieee")
-        got = _step(monkeypatch, backend, True, p.X, p.Y, f, g, *tail)
-        two = _step(monkeypatch, backend, False, p.X, p.Y, f, g, *tail)
-        ref = TorchBackend().symmetric_step(p64.X, p64.Y, f.double().cpu(), g.double().cpu(), *tail)
-        for gt, tw, rf in zip(got[:2], two[:2], ref[:2], strict=True):
-            assert torch.isfinite(gt).all()
-            assert (gt - tw).abs().max() <= 2e-6 * rf.abs().max()
-            assert (gt.double().cpu() - rf).abs().max() <= 5e-6 * rf.abs().max()
-
-
-@pytest.mark.parametrize("precision", ["ieee", "tf32"])
-def test_dense_solve_takes_the_fused_step(device, monkeypatch, precision):
-    """A whole dense-path symmetric solve runs every iteration as one fused step and equals
-    the solve with two sweeps per iteration."""
-    g = torch.Generator().manual_seed(5)
-    x = torch.rand(2, 45, 130, generator=g).to(device)
-    y = (torch.rand(2, 38, 130, generator=g) * 1.2).to(device)
-    kw = dict(eps=0.1, n_iters=6, tol=None, path="dense", backend="triton", precision=precision)
-    monkeypatch.setattr(dense, "USE_FUSED_STEP", False)
-    ref = fs.sinkhorn(x, y, **kw)
-    monkeypatch.setattr(dense, "USE_FUSED_STEP", True)
-    calls = []
-    real = dense.DenseTritonBackend._fused_step
-
-    def counted(self, *a):
-        calls.append(1)
-        return real(self, *a)
-
-    monkeypatch.setattr(dense.DenseTritonBackend, "_fused_step", counted)
-    got = fs.sinkhorn(x, y, **kw)
-    assert len(calls) == 6
-    assert got.path == ref.path == "dense"
-    torch.testing.assert_close(got.f, ref.f, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got.g, ref.g, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got.value, ref.value, rtol=1e-6, atol=1e-6)
+        got = backend.symmetric_step(p.X, p.Y, f, g, *tail)
+        f64, g64 = f.double().cpu(), g.double().cpu()
+        _check(got[:2], TorchBackend().symmetric_step(p64.X, p64.Y, f64, g64, *tail)[:2])
 
 
 @pytest.mark.parametrize("m", [16, 53])

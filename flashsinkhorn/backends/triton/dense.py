@@ -12,36 +12,15 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._triton_launch import FP_FUSION, cdiv, launch
+from ..._triton_launch import FP_FUSION, cdiv
 from ...problem import Problem, Side
 from ..torch_ref import matmul_precision
 from . import TritonBackend
-from .configs import interpreting
-from .lse import (
-    _COMBINE_BLOCK,
-    _DYNAMIC,
-    _col_bias,
-    _lse_combine_kernel,
-    _partials,
-    _softmin_epilogue,
-    combine_one_side,
-    plan_split,
-    step_outputs,
-)
+from .lse import _DYNAMIC, _partials, _softmin_epilogue, combine_one_side, plan_split
 
 # Smallest d at which the dense path is chosen by "auto", and the largest K it may allocate.
 DENSE_MIN_D = 256
 DENSE_MAX_BYTES = 4 << 30
-#: Symmetric steps from one sweep over K that forms both soft-mins (_dense_sym_kernel) instead
-#: of two soft-min sweeps: half the bytes per iteration, exact (docs/performance.md entry 22).
-USE_FUSED_STEP = True
-
-
-def sym_tile() -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, warps, stages) of the fused symmetric sweep over K."""
-    if interpreting():
-        return 16, 32, 4, 1
-    return 64, 128, 8, 3
 
 
 # s_k and s_kb are specialised: always multiples of 16 (K's padded rows), one variant.
@@ -120,59 +99,6 @@ def _dense_softmin_kernel(
         _softmin_epilogue(b_max, b_sum, Rsq, Rold, Out, Raw, o_vr, m_m, eps, alpha, beta, WRITE_RAW)
 
 
-# s_k and s_kb are specialised: always multiples of 16 (K's padded rows), one variant.
-@triton.jit(do_not_specialize=_DYNAMIC)
-def _dense_sym_kernel(
-    K, Xsq, Ysq, Xlogw, Ylogw, F, G, PFmax, PFsum, PGmax, PGsum,
-    n_x, n_y, cols_per_split, s_kb, s_k, s_fb, s_gb, s_pfs, s_pgs, eps,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    # Program (i_m, i_b, i_s): x-row block i_m of K against column chunk i_s. Both soft-mins of
-    # a symmetric step read the same tile: the x side's online LSE runs along the chunk (one
-    # partial per chunk), the y side's is closed over the tile's BLOCK_M rows (one partial per
-    # row block). Both are merged by _lse_combine_kernel.
-    i_m = tl.program_id(0)
-    i_b = tl.program_id(1).to(tl.int64)
-    i_s = tl.program_id(2)
-    scale2 = 2.0 * 1.4426950408889634 / eps
-    inv_eps2 = 1.4426950408889634 / eps
-    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_m = o_m < n_x
-    o_vx = i_b * s_fb + o_m
-    p_k0 = K + i_b * s_kb + o_m.to(tl.int64)[:, None] * s_k
-    # The y-side soft-min's column bias (its columns are the x points), from the old f.
-    b_u, b_xsq = _col_bias(F, Xsq, Xlogw, o_vx, m_m, inv_eps2, False)
-    b_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    b_sum = tl.zeros([BLOCK_M], tl.float32)
-    # chunks are a multiple of BLOCK_N wide (lse._chunk)
-    col_start = tl.multiple_of(i_s * cols_per_split, BLOCK_N)
-    col_stop = tl.minimum(col_start + cols_per_split, n_y)
-    for start_n in range(col_start, col_stop, BLOCK_N):
-        o_n = start_n + tl.arange(0, BLOCK_N)
-        m_n = o_n < n_y
-        # Masked at the padded width, a multiple of 16 (vector loads); the columns past n_y
-        # hold 0 and get a −inf bias.
-        b_s = tl.load(p_k0 + o_n[None, :], mask=m_m[:, None] & (o_n < s_k)[None, :], other=0.0)
-        o_vy = i_b * s_gb + o_n
-        b_h, b_ysq = _col_bias(G, Ysq, Ylogw, o_vy, m_n, inv_eps2, False)
-        b_s2 = b_s * scale2
-        # x side: online LSE along the row.
-        b_z = b_s2 + b_h[None, :]
-        b_new = tl.maximum(b_max, tl.max(b_z, 1))
-        b_ref = tl.where(b_new == float("-inf"), 0.0, b_new)
-        b_sum = b_sum * tl.exp2(b_max - b_ref) + tl.sum(tl.exp2(b_z - b_ref[:, None]), 1)
-        b_max = b_new
-        # y side: this tile's (max, sum) down each column.
-        b_w = b_s2 + b_u[:, None]
-        b_cmax = tl.max(b_w, 0)
-        b_cref = tl.where(b_cmax == float("-inf"), 0.0, b_cmax)
-        b_csum = tl.sum(tl.exp2(b_w - b_cref[None, :]), 0)
-        tl.store(PGmax + i_m * s_pgs + o_vy, b_cmax, mask=m_n)
-        tl.store(PGsum + i_m * s_pgs + o_vy, b_csum, mask=m_n)
-    tl.store(PFmax + i_s * s_pfs + o_vx, b_max, mask=m_m)
-    tl.store(PFsum + i_s * s_pfs + o_vx, b_sum, mask=m_m)
-
-
 class DenseTritonBackend(TritonBackend):
     """Soft-mins from a stored Gram matrix; transport operators stream as usual."""
 
@@ -200,7 +126,9 @@ class DenseTritonBackend(TritonBackend):
         B, n = rows.sq.shape
         m = cols.sq.shape[1]
         # Long contiguous runs along the stored rows of K: 16 x 256 tiles (row sweeps) and
-        # 64 x 256 (column sweeps) read ~2.0 and ~2.4 TB/s on the H100, 128 x 64 only 0.7.
+        # 64 x 256 (column sweeps) read ~2.0 and ~2.4 TB/s on the H100, 128 x 64 only 0.7;
+        # with 16-byte loads (padded rows) the pair averages 2.9 TB/s at 10k and 3.45 TB/s at
+        # 20k on the H200 (docs/performance.md, entry 22).
         block_m, block_n, warps = (64, 256, 8) if transposed else (16, 256, 4)
         out = torch.empty_like(rows.sq)
         raw = torch.empty_like(rows.sq) if want_raw else out
@@ -245,40 +173,12 @@ class DenseTritonBackend(TritonBackend):
     def symmetric_step(
         self, X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, phase="cold"
     ):  # fmt: skip
-        if USE_FUSED_STEP and X.x is self._x:
-            return self._fused_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw)
-        # Two launches over K (plus merges).
+        # Two launches over K (plus merges). One sweep forming both soft-mins per tile reads K
+        # half as often but ran 1.1-1.7x slower on the H200: the per-tile column reductions
+        # cross warps through shared memory (docs/performance.md, entry 22).
         f_new, tf = self.softmin(X, Y, g, eps, f, alpha, beta_x, want_raw, precision)
         g_new, tg = self.softmin(Y, X, f, eps, g, alpha, beta_y, want_raw, precision)
         return f_new, g_new, tf, tg
-
-    def _fused_step(self, X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw):
-        """Both half-steps of a symmetric iteration from one sweep over K (_dense_sym_kernel),
-        then one launch that merges both sides' partials and applies the epilogues."""
-        K = self.gram
-        B, n = X.sq.shape
-        m = Y.sq.shape[1]
-        block_m, block_n, warps, stages = sym_tile()
-        n_blocks = cdiv(n, block_m)
-        split, cps = plan_split(n_blocks * B, m, block_n, X.sq.device)
-        # (max, sum) partials: x side one per column chunk, y side one per x-row block.
-        pfmax, pfsum = torch.empty((2, split, B, n), dtype=torch.float32, device=K.device)
-        pgmax, pgsum = torch.empty((2, n_blocks, B, m), dtype=torch.float32, device=K.device)
-        f_new, g_new, f_raw, g_raw = step_outputs(f, g, want_raw)
-        launch(_dense_sym_kernel, (n_blocks, B, split),
-            K, X.sq, Y.sq, X.logw, Y.logw, f, g, pfmax, pfsum, pgmax, pgsum,
-            n, m, cps, K.stride(0), K.stride(1), X.sq.stride(0), Y.sq.stride(0), B * n, B * m,
-            float(eps),
-            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages, **FP_FUSION,
-        )  # fmt: skip
-        nbx = cdiv(n, _COMBINE_BLOCK)
-        launch(_lse_combine_kernel, (nbx + cdiv(m, _COMBINE_BLOCK), B),
-            pfmax, pfsum, X.sq, f, f_new, f_raw, pgmax, pgsum, Y.sq, g, g_new, g_raw,
-            f, 0, n, m, nbx, split, n_blocks, X.sq.stride(0), Y.sq.stride(0), B * n, B * m,
-            float(eps), float(alpha), float(beta_x), float(beta_y),
-            BLOCK=_COMBINE_BLOCK, WRITE_RAW=want_raw, EUCLID=False, **FP_FUSION,
-        )  # fmt: skip
-        return f_new, g_new, (f_raw if want_raw else None), (g_raw if want_raw else None)
 
 
 def dense_fits(problem: Problem) -> bool:

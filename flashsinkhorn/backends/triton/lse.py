@@ -45,7 +45,6 @@ _DYNAMIC = [
     "cols_per_split_x",
     "cols_per_split_y",
     "n_split",
-    "n_split_y",
     "n_lab",
 ]
 
@@ -666,7 +665,6 @@ def _lse_combine_kernel(
     n_y,
     n_blocks_x,
     n_split,
-    n_split_y,
     s_fb,
     s_gb,
     s_pfs,
@@ -679,8 +677,7 @@ def _lse_combine_kernel(
     WRITE_RAW: tl.constexpr,
     EUCLID: tl.constexpr,
 ):
-    # Merges the per-chunk (max, sum) of a split sweep; one launch serves both sides, each
-    # with its own number of partials (n_split for x, n_split_y for y).
+    # Merges the per-chunk (max, sum) of a split sweep; one launch serves both sides.
     # guarded: as in _softmin_sym_kernel.
     i_m = tl.program_id(0)
     i_b = tl.program_id(1)
@@ -721,7 +718,7 @@ def _lse_combine_kernel(
             i_b,
             i_m - n_blocks_x,
             n_y,
-            n_split_y,
+            n_split,
             s_gb,
             s_pgs,
             eps,
@@ -796,7 +793,7 @@ def combine_one_side(
     # The y-side slots repeat the x side; n_blocks_x = nb routes every program to it.
     args = (pmax, psum, sq, old, out, raw)
     launch(_lse_combine_kernel, (nb, B),
-        *args, *args, sq, 0, n, n, nb, split, split, sq.stride(0), sq.stride(0), B * n, B * n,
+        *args, *args, sq, 0, n, n, nb, split, sq.stride(0), sq.stride(0), B * n, B * n,
         float(eps), float(alpha), float(beta), float(beta),
         BLOCK=_COMBINE_BLOCK, WRITE_RAW=want_raw, EUCLID=euclid, **FP_FUSION,
     )  # fmt: skip
@@ -1091,7 +1088,6 @@ def symmetric_step(
             n,
             m,
             nbx,
-            split,
             split,
             f.stride(0),
             g.stride(0),
