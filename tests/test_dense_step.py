@@ -5,12 +5,16 @@ vectors. Interpreter on CPU, real kernels on CUDA; against the float64 torch bac
 import pytest
 import torch
 
+import flashsinkhorn as fs
 from flashsinkhorn.backends import TorchBackend
 from flashsinkhorn.backends.triton import dense, lse
 from flashsinkhorn.problem import prepare
 
-# odd sizes (m = 32: no padding), several row blocks and column tiles, d = 1..130
-SHAPES = [(1, 37, 53, 3), (2, 21, 38, 130), (1, 50, 17, 1), (1, 33, 70, 17), (1, 20, 32, 3)]
+# odd sizes (m = 32: no padding), d = 1..130; the soft-min tiles are 256 columns wide, so the
+# last two span several column tiles (m = 531; n = 600 for the column sweep), which the
+# default split puts in separate chunks (several tiles in one chunk: the chunk test, split 1)
+SHAPES = [(1, 37, 53, 3), (2, 21, 38, 130), (1, 50, 17, 1), (1, 33, 70, 17), (1, 20, 32, 3),
+          (1, 30, 531, 3), (2, 600, 45, 5)]  # fmt: skip
 
 
 def _problem(B, n, m, d, device, seed=0, rho=None, zero_weights=False):
@@ -63,14 +67,24 @@ def test_dense_step_matches_float64(device, B, n, m, d, rho, k):
 
 @pytest.mark.parametrize("split", [1, 3])
 def test_dense_step_column_chunks(device, monkeypatch, split):
-    """Both sweeps over one and over several column chunks (partials merged)."""
+    """Both sweeps over one and over several column chunks (partials merged): at 600 × 700
+    and 256-wide tiles, split 3 gives three chunks on each side."""
     eps = 0.2
-    p, p64 = _problem(2, 45, 100, 5, device, seed=2)
+    p, p64 = _problem(2, 600, 700, 5, device, seed=2)
+    calls = []
+    real = dense.plan_split
+
+    def spy(*a):
+        calls.append(real(*a)[0])
+        return calls[-1], real(*a)[1]
+
+    monkeypatch.setattr(dense, "plan_split", spy)
     f64, g64 = _potentials(p64, eps, 2)
     f, g = f64.float().to(device), g64.float().to(device)
     monkeypatch.setattr(lse, "FORCE_SPLIT", split)
     tail = (eps, 0.0, 1.0, 1.0, False, "ieee")
     got = dense.DenseTritonBackend(p).symmetric_step(p.X, p.Y, f, g, *tail)
+    assert calls == [split, split]
     assert got[2] is None and got[3] is None
     _check(got[:2], TorchBackend().symmetric_step(p64.X, p64.Y, f64, g64, *tail)[:2])
 
@@ -94,7 +108,27 @@ def test_gram_rows_padded_to_16(device, m):
     16-byte vectors up to that width); the padding columns are zeros."""
     p, _ = _problem(2, 7, m, 3, device)
     K = dense.DenseTritonBackend(p).gram
-    assert K.shape[:2] == (2, 7) and K.stride(1) % 16 == 0 and K.stride(0) % 16 == 0
-    assert K.shape[2] >= m and (K[..., m:] == 0).all()
+    assert K.is_contiguous() and K.shape == (2, 7, -(-m // 16) * 16)
+    assert (K[..., m:] == 0).all()
     want = p.X.x.double() @ p.Y.x.double().transpose(1, 2)
     assert torch.allclose(K[..., :m].double(), want, atol=1e-5)
+
+
+def test_one_compiled_soft_min_per_orientation(device):
+    """New n, m at a known d reuse the dense soft-min kernel: the strides it is specialised on
+    are always multiples of 16, whatever m."""
+    if not hasattr(dense._dense_softmin_kernel, "device_caches"):
+        pytest.skip("interpreter: nothing is compiled")
+
+    def n_compiled():
+        return sum(len(c[0]) for c in dense._dense_softmin_kernel.device_caches.values())
+
+    def solve(n, m):
+        x, y = torch.rand(n, 300, device=device), torch.rand(m, 300, device=device)
+        fs.sinkhorn(x, y, eps=0.5, n_iters=2, tol=None, path="dense", backend="triton")
+
+    solve(100, 77)
+    before = n_compiled()
+    for n, m in ((1, 17), (257, 53), (600, 600), (1000, 4100)):
+        solve(n, m)
+    assert n_compiled() == before

@@ -64,7 +64,7 @@ from flashsinkhorn.problem import prepare
 
 x, y, a, b = data(10000, 512)
 p = prepare(x, y, a, b, rho_x=None, rho_y=None, precision="tf32")
-K = torch.bmm(p.X.x, p.Y.x.transpose(1, 2)).contiguous()
+K = dense.DenseTritonBackend(p).gram  # rows padded to 16 floats, as the kernel assumes
 f = torch.zeros_like(p.X.sq)
 gg = torch.zeros_like(p.Y.sq)
 out = torch.empty_like(f)

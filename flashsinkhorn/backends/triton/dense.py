@@ -73,7 +73,8 @@ def _dense_softmin_kernel(
         m_n = o_n < n_cols
         o_n64 = o_n.to(tl.int64)
         # Along K's rows the load is masked at the padded width s_k (16-byte vectors; the
-        # padding holds zeros, and the −inf biases of the columns past n_y remove them).
+        # padding holds zeros). Row sweeps: the padding columns have a −inf bias and add
+        # nothing. Column sweeps: the padding is tile rows past n_rows, never stored.
         if TRANSPOSED:
             p_k = K + i_b * s_kb + o_n64[None, :] * s_k + o_m64[:, None]
             m_k = (o_m < s_k)[:, None] & m_n[None, :]
@@ -118,7 +119,7 @@ class DenseTritonBackend(TritonBackend):
         if pad:
             y = torch.nn.functional.pad(y, (0, 0, 0, pad))
         with matmul_precision("tf32" if problem.precision == "tf32" else "ieee", X.x.device):
-            self.gram = torch.bmm(X.x.float(), y.transpose(1, 2))
+            self.gram = torch.bmm(X.x.float(), y.transpose(1, 2)).contiguous()
 
     def softmin(self, rows: Side, cols: Side, col_pot, eps, old, alpha, beta, want_raw, precision):
         transposed = rows.x is not self._x
@@ -183,7 +184,7 @@ class DenseTritonBackend(TritonBackend):
 
 def dense_fits(problem: Problem) -> bool:
     """True when K = X Yᵀ (fp32) fits the memory budget on the problem's device."""
-    nbytes = 4 * problem.B * problem.X.n * problem.Y.n
+    nbytes = 4 * problem.B * problem.X.n * (problem.Y.n + -problem.Y.n % 16)  # padded rows
     if nbytes > DENSE_MAX_BYTES:
         return False
     if problem.device.type == "cuda":
