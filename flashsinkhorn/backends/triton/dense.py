@@ -14,6 +14,7 @@ import triton.language as tl
 
 from ..._triton_launch import FP_FUSION, cdiv
 from ...problem import Problem, Side
+from .. import torch_transport
 from ..torch_ref import matmul_precision
 from . import TritonBackend
 from .lse import _DYNAMIC, _partials, _softmin_epilogue, combine_one_side, plan_split
@@ -101,16 +102,19 @@ def _dense_softmin_kernel(
 
 
 class DenseTritonBackend(TritonBackend):
-    """Soft-mins from a stored Gram matrix; transport operators stream as usual."""
+    """Soft-mins and the envelope gradient from a stored Gram matrix; the other transport
+    operators stream as usual."""
 
     name = "triton"
     path = "dense"
     # the Gram matrix is the backend's own tensor, not part of the cache key
     graph_safe = False
+    #: fp32 elements per row block of the envelope gradient's torch pass (its temporaries)
+    chunk_elements = torch_transport.CHUNK_ELEMENTS
 
     def __init__(self, problem: Problem):
         X, Y = problem.X, problem.Y
-        self._x = X.x
+        self._x, self._y = X.x, Y.x
         # Rows padded to a multiple of 16 floats (zero columns past m): the kernels are
         # specialised on that stride and mask their tile loads at the padded width, which lets
         # every tile load be 16-byte vectors for any m with one compiled variant.
@@ -180,6 +184,27 @@ class DenseTritonBackend(TritonBackend):
         f_new, tf = self.softmin(X, Y, g, eps, f, alpha, beta_x, want_raw, precision)
         g_new, tg = self.softmin(Y, X, f, eps, g, alpha, beta_y, want_raw, precision)
         return f_new, g_new, tf, tg
+
+    def transport_grad(self, rows, cols, row_pot, col_pot, eps, precision):
+        """Envelope gradient from the stored Gram matrix: row blocks of K give the scores, so
+        only the plan-times-points product is a matrix product (cuBLAS). The streaming kernel
+        recomputes x·yᵀ, and at 10k, d = 512 took ≈ 9 ms of a 12.9 ms fwd+bwd
+        (docs/performance.md, after entry 22). Same contract as Backend.transport_grad."""
+        if rows.x is self._x and cols.x is self._y:
+            m = cols.x.shape[1]
+
+            def dots(sl):
+                return self.gram[:, sl, :m]
+        elif rows.x is self._y and cols.x is self._x:
+            n = cols.x.shape[1]
+
+            def dots(sl):
+                return self.gram[:, :n, sl].transpose(1, 2)
+        else:  # sides K was not built from
+            return super().transport_grad(rows, cols, row_pot, col_pot, eps, precision)
+        return torch_transport.transport_grad(
+            rows, cols, row_pot, col_pot, eps, precision, self.chunk_elements, dots=dots
+        )
 
 
 def dense_fits(problem: Problem) -> bool:
