@@ -136,13 +136,15 @@ def test_one_compiled_soft_min_per_orientation(device):
 
 @pytest.mark.parametrize("rho", [None, 0.7])
 @pytest.mark.parametrize("chunk", [None, 700])
-def test_dense_envelope_gradient_reads_the_gram_matrix(device, monkeypatch, rho, chunk):
-    """Both orientations of the envelope gradient take their scores from K (the ``dots`` hook)
-    and match the float64 torch gradient and row marginal; ``chunk``: several row blocks."""
+@pytest.mark.parametrize("n,m,zero", [(45, 300, False), (40, 40, True)])
+def test_dense_envelope_gradient_reads_the_gram_matrix(device, monkeypatch, rho, chunk, n, m, zero):
+    """Both orientations of the envelope gradient go through the ``dots`` hook and match the
+    float64 torch gradient and row marginal; ``chunk``: several row blocks; a square case
+    (an orientation mix-up keeps the shapes) with zero-weight points."""
     from flashsinkhorn.backends import torch_transport
 
     eps = 0.1
-    p, p64 = _problem(2, 45, 300, 7, device, rho=rho)
+    p, p64 = _problem(2, n, m, 7, device, rho=rho, zero_weights=zero)
     f64, g64 = _potentials(p64, eps, 6)
     f, g = f64.float().to(device), g64.float().to(device)
     backend = dense.DenseTritonBackend(p)
@@ -204,3 +206,49 @@ def test_ot_cost_gradient_on_the_dense_path(device, monkeypatch):
     assert len(calls) == 2
     assert (gx.double().cpu() - rx).abs().max() <= 1e-4 * rx.abs().max()
     assert (gy.double().cpu() - ry).abs().max() <= 1e-4 * ry.abs().max()
+
+
+def test_dense_envelope_gradient_uses_the_stored_products(device):
+    """The scores come from K itself: adding δ_j to K's column j acts as g + 2δ for the x side,
+    adding δ_i to K's row i as f + 2δ for the y side (a recomputation from the points would
+    ignore both)."""
+    eps = 0.2
+    p, p64 = _problem(2, 33, 50, 4, device, seed=6)
+    f64, g64 = _potentials(p64, eps, 4)
+    f, g = f64.float().to(device), g64.float().to(device)
+    tb = TorchBackend()
+    gen = torch.Generator().manual_seed(1)
+    dy = torch.rand(2, 50, generator=gen, dtype=torch.float64) * 0.3
+    dx = torch.rand(2, 33, generator=gen, dtype=torch.float64) * 0.3
+    bx = dense.DenseTritonBackend(p)
+    bx.gram[:, :, :50] += dy[:, None, :].float().to(device)
+    Gx, _ = bx.transport_grad(p.X, p.Y, f, g, eps, "ieee")
+    Wx, _ = tb.transport_grad(p64.X, p64.Y, f64, g64 + 2 * dy, eps, "ieee")
+    assert (Gx.double().cpu() - Wx).abs().max() <= 1e-5 * Wx.abs().max()
+    by = dense.DenseTritonBackend(p)
+    by.gram[:, :33, :] += dx[:, :, None].float().to(device)
+    Gy, _ = by.transport_grad(p.Y, p.X, g, f, eps, "ieee")
+    Wy, _ = tb.transport_grad(p64.Y, p64.X, g64, f64 + 2 * dx, eps, "ieee")
+    assert (Gy.double().cpu() - Wy).abs().max() <= 1e-5 * Wy.abs().max()
+
+
+def test_dense_path_ignores_autocast(device):
+    """Under autocast the Gram matrix stays fp32 and the gradient equals the one without."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(31, 300, generator=g).to(device)
+    y = torch.rand(26, 300, generator=g).to(device)
+    kw = dict(eps=2.0, n_iters=20, tol=None, precision="ieee", backend="triton")
+
+    def grads():
+        xr, yr = x.clone().requires_grad_(), y.clone().requires_grad_()
+        res = fs.sinkhorn(xr.detach(), yr.detach(), **kw)
+        gx, gy = torch.autograd.grad(fs.ot_cost(xr, yr, **kw), (xr, yr))
+        return res, gx, gy
+
+    res0, gx0, gy0 = grads()
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+        res1, gx1, gy1 = grads()
+    assert res1.path == "dense" and res1._backend.gram.dtype == torch.float32
+    torch.testing.assert_close(res1.f, res0.f)
+    torch.testing.assert_close(gx1, gx0)
+    torch.testing.assert_close(gy1, gy0)

@@ -122,7 +122,9 @@ class DenseTritonBackend(TritonBackend):
         pad = -Y.n % 16
         if pad:
             y = torch.nn.functional.pad(y, (0, 0, 0, pad))
-        with matmul_precision("tf32" if problem.precision == "tf32" else "ieee", X.x.device):
+        prec = "tf32" if problem.precision == "tf32" else "ieee"
+        # fp32 whatever autocast region the caller runs in (the kernels read K as fp32)
+        with _no_autocast(X.x.device), matmul_precision(prec, X.x.device):
             self.gram = torch.bmm(X.x.float(), y.transpose(1, 2)).contiguous()
 
     def softmin(self, rows: Side, cols: Side, col_pot, eps, old, alpha, beta, want_raw, precision):
@@ -202,9 +204,16 @@ class DenseTritonBackend(TritonBackend):
                 return self.gram[:, :n, sl].transpose(1, 2)
         else:  # sides K was not built from
             return super().transport_grad(rows, cols, row_pot, col_pot, eps, precision)
-        return torch_transport.transport_grad(
-            rows, cols, row_pot, col_pot, eps, precision, self.chunk_elements, dots=dots
-        )
+        # A backward run under autocast would otherwise take the plan-times-points bmm in
+        # 16 bits; the streaming kernel it replaces ignores autocast.
+        with _no_autocast(rows.x.device):
+            return torch_transport.transport_grad(
+                rows, cols, row_pot, col_pot, eps, precision, self.chunk_elements, dots=dots
+            )
+
+
+def _no_autocast(device: torch.device):
+    return torch.autocast(device_type=device.type, enabled=False)
 
 
 def dense_fits(problem: Problem) -> bool:
