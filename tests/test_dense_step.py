@@ -10,6 +10,8 @@ from flashsinkhorn.backends import TorchBackend
 from flashsinkhorn.backends.triton import dense, lse
 from flashsinkhorn.problem import prepare
 
+from .loop_reference import torch_iterate
+
 # odd sizes (m = 32: no padding), d = 1..130; the soft-min tiles are 256 columns wide, so the
 # last two span several column tiles (m = 531; n = 600 for the column sweep), which the
 # default split puts in separate chunks (several tiles in one chunk: the chunk test, split 1)
@@ -33,16 +35,6 @@ def _problem(B, n, m, d, device, seed=0, rho=None, zero_weights=False):
     return p32, p64
 
 
-def _potentials(p64, eps, k):
-    """(f, g) in float64 after k torch-backend symmetric steps from zero (k = 0: zeros)."""
-    tb = TorchBackend()
-    f, g = torch.zeros_like(p64.X.sq), torch.zeros_like(p64.Y.sq)
-    for i in range(k):
-        al, w = (0.0, 1.0) if i == 0 else (0.5, 0.5)
-        f, g, _, _ = tb.symmetric_step(p64.X, p64.Y, f, g, eps, al, w, w, False, "ieee")
-    return f, g
-
-
 def _check(got, ref):
     for gt, rf in zip(got, ref, strict=True):
         assert torch.isfinite(gt).all()
@@ -57,7 +49,7 @@ def test_dense_step_matches_float64(device, B, n, m, d, rho, k):
     a loop iterate, with the schedule's average and unequal damping weights."""
     eps = 0.1
     p, p64 = _problem(B, n, m, d, device, rho=rho)
-    f64, g64 = _potentials(p64, eps, k)
+    f64, g64 = torch_iterate(p64, eps, k)
     f, g = f64.float().to(device), g64.float().to(device)
     lx = p.X.damping(eps)
     tail = (eps, 0.5, 0.5 * lx, 0.4 * lx, True, "ieee")
@@ -79,7 +71,7 @@ def test_dense_step_column_chunks(device, monkeypatch, split):
         return calls[-1], real(*a)[1]
 
     monkeypatch.setattr(dense, "plan_split", spy)
-    f64, g64 = _potentials(p64, eps, 2)
+    f64, g64 = torch_iterate(p64, eps, 2)
     f, g = f64.float().to(device), g64.float().to(device)
     monkeypatch.setattr(lse, "FORCE_SPLIT", split)
     tail = (eps, 0.0, 1.0, 1.0, False, "ieee")
@@ -145,7 +137,7 @@ def test_dense_envelope_gradient_reads_the_gram_matrix(device, monkeypatch, rho,
 
     eps = 0.1
     p, p64 = _problem(2, n, m, 7, device, rho=rho, zero_weights=zero)
-    f64, g64 = _potentials(p64, eps, 6)
+    f64, g64 = torch_iterate(p64, eps, 6)
     f, g = f64.float().to(device), g64.float().to(device)
     backend = dense.DenseTritonBackend(p)
     if chunk is not None:
@@ -214,7 +206,7 @@ def test_dense_envelope_gradient_uses_the_stored_products(device):
     ignore both)."""
     eps = 0.2
     p, p64 = _problem(2, 33, 50, 4, device, seed=6)
-    f64, g64 = _potentials(p64, eps, 4)
+    f64, g64 = torch_iterate(p64, eps, 4)
     f, g = f64.float().to(device), g64.float().to(device)
     tb = TorchBackend()
     gen = torch.Generator().manual_seed(1)

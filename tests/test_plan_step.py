@@ -14,6 +14,8 @@ from flashsinkhorn.backends import triton as tri_pkg
 from flashsinkhorn.backends.triton import lse, plan
 from flashsinkhorn.problem import prepare
 
+from .loop_reference import torch_iterate
+
 SHAPES = [(1, 37, 53, 1), (2, 45, 29, 3), (1, 33, 70, 17), (1, 30, 41, 16), (2, 21, 38, 130)]
 
 
@@ -26,16 +28,6 @@ def _problem(B, n, m, d, device, seed=0, cost="sqeuclidean", rho=None, dtype=tor
     a, b = a / a.sum(1, keepdim=True), b / b.sum(1, keepdim=True)
     args = [t.to(device=device, dtype=dtype) for t in (x, y, a, b)]
     return prepare(*args, rho_x=rho, rho_y=rho, precision="ieee", cost=cost)
-
-
-def _iterate(p, eps, k=3):
-    """(f, g) after k torch-backend symmetric steps from zero: a loop iterate."""
-    tb = TorchBackend()
-    f, g = torch.zeros_like(p.X.sq), torch.zeros_like(p.Y.sq)
-    for i in range(k):
-        al, w = (0.0, 1.0) if i == 0 else (0.5, 0.5)
-        f, g, _, _ = tb.symmetric_step(p.X, p.Y, f, g, eps, al, w, w, False, "ieee")
-    return f, g
 
 
 def _spy_guards(mp):
@@ -68,7 +60,7 @@ def _plan_with_flag(monkeypatch, *args):
 def test_plan_step_matches_float64(device, monkeypatch, B, n, m, d, cost, rho):
     eps = 0.2 if cost == "sqeuclidean" else 0.1
     p = _problem(B, n, m, d, device, cost=cost, rho=rho)
-    f, g = _iterate(p, eps)
+    f, g = torch_iterate(p, eps)
     f0, g0 = f.clone(), g.clone()
     lx = p.X.damping(eps)
     out, flag = _plan_with_flag(
@@ -111,7 +103,7 @@ def test_out_of_range_plan_falls_back_to_online_lse(device, monkeypatch, eps):
 def test_overflowing_plan_falls_back(device, monkeypatch):
     """Potentials far above the balanced ones overflow the plan's exps: fallback again."""
     p = _problem(1, 29, 31, 3, device, seed=4)
-    f, g = _iterate(p, 0.05)
+    f, g = torch_iterate(p, 0.05)
     f, g = f + 8.0, g + 8.0  # exp(16 / 0.05) overflows fp32
     out, flag = _plan_with_flag(monkeypatch, p.X, p.Y, f, g, 0.05, 0.5, 0.5, 0.5, False, "ieee")
     assert flag == 1
@@ -126,7 +118,7 @@ def test_guard_flag_is_reset_every_step(device, monkeypatch):
     f, g = torch.zeros_like(p.X.sq), torch.zeros_like(p.Y.sq)
     _, flag = _plan_with_flag(monkeypatch, p.X, p.Y, f, g, 1e-3, 0.5, 0.5, 0.5, False, "ieee")
     assert flag == 1
-    f, g = _iterate(p, 0.2)
+    f, g = torch_iterate(p, 0.2)
     _, flag = _plan_with_flag(monkeypatch, p.X, p.Y, f, g, 0.2, 0.5, 0.5, 0.5, False, "ieee")
     assert flag == 0
 
@@ -158,7 +150,7 @@ def test_zero_weights_and_labels_take_the_two_sweep_step(device):
     pz = prepare(p.X.x, p.Y.x, a / a.sum(), None, rho_x=None, rho_y=None, precision="ieee")
     assert not plan.eligible(pz.X, pz.Y)
     tri = resolve_backend("triton", pz.device, torch.float32)
-    f, g = _iterate(pz, 0.2)
+    f, g = torch_iterate(pz, 0.2)
     got = tri.symmetric_step(pz.X, pz.Y, f, g, 0.2, 0.5, 0.5, 0.5, True, "ieee", phase="iterate")
     want = lse.symmetric_step(pz.X, pz.Y, f, g, 0.2, 0.5, 0.5, 0.5, True, "ieee")
     for u, v in zip(got, want, strict=True):
@@ -175,7 +167,7 @@ def test_zero_weights_and_labels_take_the_two_sweep_step(device):
 def test_many_row_blocks(device, monkeypatch):
     """More x-row blocks than the finishing kernel adds per load (the column-sum partials)."""
     p = _problem(1, 601, 45, 3, device, seed=7)
-    f, g = _iterate(p, 0.2)
+    f, g = torch_iterate(p, 0.2)
     out, flag = _plan_with_flag(monkeypatch, p.X, p.Y, f, g, 0.2, 0.5, 0.5, 0.5, True, "ieee")
     assert flag == 0
     want = lse.symmetric_step(p.X, p.Y, f, g, 0.2, 0.5, 0.5, 0.5, True, "ieee")

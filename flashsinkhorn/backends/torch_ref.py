@@ -71,7 +71,7 @@ def distance_block(rows_x: torch.Tensor, rsq: torch.Tensor, cols: Side, dtype) -
 
 def block_scores(rows: Side, sl: slice, cols: Side, col_pot: torch.Tensor, eps: float, dots=None):
     """Scores of a row block for any kernel cost (``dots``: see :func:`scores`; squared
-    Euclidean cost without labels only).
+    Euclidean cost only).
 
     Returns ``(z, offset, dist)``: z (B, r, m) log-domain scores such that the soft-min is
     ``T_i = offset_i − eps · LSE_j z_ij`` and the plan ``P_ij = exp(h_i + z_ij)`` with
