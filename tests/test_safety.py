@@ -3,6 +3,8 @@ bit-identical results for identical inputs, solves and kernel caches safe across
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -132,6 +134,46 @@ def test_matmul_precision_restores_tf32_flag_after_exception(allow):
         assert torch.backends.cuda.matmul.allow_tf32 is allow
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+_NEW_API_SCRIPT = """
+import torch
+from flashsinkhorn.backends.torch_ref import matmul_precision
+flags = torch.backends.cuda.matmul
+
+
+def legacy_read_raises():
+    try:
+        flags.allow_tf32
+    except RuntimeError:
+        return True
+    return False
+
+
+flags.fp32_precision = "{caller}"
+before = legacy_read_raises()
+for prec, inside in (("tf32", "tf32"), ("ieee", "ieee")):
+    with matmul_precision(prec, torch.device("cuda")):
+        assert flags.fp32_precision == inside, (prec, flags.fp32_precision)
+    assert flags.fp32_precision == "{caller}", flags.fp32_precision
+    assert legacy_read_raises() == before
+print("ok", before)
+"""
+
+
+@pytest.mark.skipif(
+    not hasattr(torch.backends.cuda.matmul, "fp32_precision"), reason="torch < 2.9: one API"
+)
+@pytest.mark.parametrize("caller", ["tf32", "ieee"])
+def test_matmul_precision_speaks_the_callers_new_tf32_api(caller):
+    # A caller who set TF32 through fp32_precision makes torch raise on a legacy read; the
+    # block must neither raise nor leave the legacy flag written. A subprocess, because the
+    # mix of APIs is process-wide state.
+    code = _NEW_API_SCRIPT.format(caller=caller)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-2000:]
+    if caller == "tf32":  # the case that raised before the block spoke the new API
+        assert done.stdout.split() == ["ok", "True"]
 
 
 # ----- determinism -----

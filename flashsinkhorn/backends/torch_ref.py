@@ -18,16 +18,27 @@ CHUNK_ELEMENTS = 1 << 24
 
 @contextlib.contextmanager
 def matmul_precision(precision: str, device: torch.device):
-    """Sets cuBLAS TF32 for the block and restores the caller's flag afterwards."""
+    """Sets cuBLAS TF32 for the block and restores the caller's setting afterwards.
+
+    torch ≥ 2.9 has two APIs for the flag (``allow_tf32`` and ``fp32_precision``) and raises
+    on a legacy read once the caller has used the new one. The block speaks the API the
+    caller uses, so that neither kind of caller later finds the two mixed.
+    """
     if device.type != "cuda":
         yield
         return
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    flags = torch.backends.cuda.matmul
+    try:
+        saved, attr = flags.allow_tf32, "allow_tf32"
+        wanted = precision == "tf32"
+    except RuntimeError:  # the caller set TF32 through the new API
+        saved, attr = flags.fp32_precision, "fp32_precision"
+        wanted = "tf32" if precision == "tf32" else "ieee"
+    setattr(flags, attr, wanted)
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
+        setattr(flags, attr, saved)
 
 
 def row_chunks(B: int, n: int, m: int, budget: int = CHUNK_ELEMENTS):
