@@ -13,7 +13,8 @@ wait
 timeout 300 python bench/dev/sk_bwd_sweep.py --out "$OUT" 2>&1 | tee "$OUT/sk_bwd_sweep.txt"
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 if [ "${SK_NCU:-1}" = 1 ] && [ -n "$NCU" ] && [ -f "$OUT/sk_bwd_sweep.json" ]; then
-  CANDS=$(python -c "import json; r=json.load(open('$OUT/sk_bwd_sweep.json'))['rows']; b=sorted(r, key=lambda x: x['ms_2e24'])[:2]; print(','.join(str(x) for x in sorted({0, 1, *[x['cand'] for x in b]})))")
+  CANDS=${SK_NCU_CANDS:-}
+  [ -n "$CANDS" ] || CANDS=$(python -c "import json; r=json.load(open('$OUT/sk_bwd_sweep.json'))['rows']; b=sorted(r, key=lambda x: x['ms_2e24'])[:2]; print(','.join(str(x) for x in sorted({0, 1, *[x['cand'] for x in b]})))")
   echo "ncu candidates: $CANDS"
   timeout 200 "$NCU" -k "regex:_sk_small_bwd" \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
