@@ -32,7 +32,7 @@ group() {
     2) pyt "$OPT[opts2]" "$OPT[opts3]" ;;
     3) pyt "$OPT[opts4]" "$OPT[opts5]" ;;
     4) pyt "$OPT[opts6]" "$OPT[opts7]" ;;
-    5) pyt "$OPT[opts8]" ;;
+    5) pyt "$OPT[opts8]" "$OPT[opts9]" "$OPT[opts10]" ;;
     6) pyt $G -k "small_path and not generator" ;;
     7) pyt $G -k "not small_path" ;;
   esac

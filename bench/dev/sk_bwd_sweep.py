@@ -1,7 +1,7 @@
 """Sweep of the 4×4 projection backward's generator options and launch configurations.
 
-Each candidate is (generator options (keep_a, prefetch, pair, ckpt, ahead, rowsum[, colsum,
-pipe, sync]), launch config (matrices per program, warps[, maxnreg[, programs per SM]])). For each: registers and spills of the compiled
+Each candidate is (generator options (keep_a, prefetch, pair, ckpt, ahead, rowsum[, colsum]),
+launch config (matrices per program, warps[, maxnreg])). For each: registers and spills of the compiled
 kernel, the maximum error against float64 autograd (B = 4099, logits ×3 and ×80), and the
 median time at B = 2^24 (log variant, 20 iterations, fp32).
 
@@ -23,35 +23,25 @@ import triton.testing
 from flashsinkhorn.mhc import sk_torch, sk_triton
 
 N, T = 4, 20
-BASE = (8, True, False, 2, False, True)
-PIPE = BASE + (True, True, False)  # + colsum, pipelined
-SYNC = BASE + (True, True, True)  # + a barrier per tile
-COL = BASE + (True,)  # + the column-sum identity
+BASE = (8, True, False, 2, False, True)  # the session-15 default
 
 
 def _col(keep_a, ckpt=2):
+    """With the column-sum identity (session 23)."""
     return (keep_a, True, False, ckpt, False, True, True)
 
 
 CANDS = [
-    # Session 23, call 3: the session-15 default, the column-sum identity (call 2: 2.218 ->
-    # 2.101 ms) with the register trade-offs around it (keep_a, ckpt, caps), and the two fastest
-    # pipelined configurations of call 2 again for ncu. Call 2's candidates (pipelined: reverse
-    # pass of a tile interleaved with the forward recompute of the next, over programs per SM,
-    # warps and caps): bench/results/dev/s23b/; sessions 15/16: sk_bwd_sweep_h200_s1{5,6}*.
-    # Launch config: (matrices per program, warps, maxnreg[, programs per SM when pipelined]).
+    # Session 23, call 4: the column-sum identity around the new default keep_a 9. Calls 2-3
+    # (bench/results/dev/s23b, s23c) also timed a pipelined persistent backward, removed after
+    # them (code at 6ca0057); sessions 15/16: sk_bwd_sweep_h200_s1{5,6}*.
+    # Launch config: (matrices per program, warps[, maxnreg]).
     (BASE, (64, 2, 128)),
-    (COL, (64, 2, 128)),
-    (_col(6), (64, 2, 128)),
-    (_col(7), (64, 2, 128)),
+    (_col(8), (64, 2, 128)),
     (_col(9), (64, 2, 128)),
-    (COL, (64, 2, 136)),
-    (_col(6), (64, 2, 120)),
-    (_col(8, 3), (64, 2, 128)),
-    (_col(10, 3), (64, 2, 128)),
-    (_col(7), (128, 4, 128)),
-    (PIPE, (64, 2, 128, 8)),
-    (SYNC, (256, 8, 128, 2)),
+    (_col(10), (64, 2, 128)),
+    (_col(11), (64, 2, 128)),
+    (_col(9), (128, 4, 128)),
 ]
 
 
@@ -59,10 +49,7 @@ def _launch(opts, cfg, m, g):
     _, bwd = sk_triton._small_kernels(N, T, "log", opts)
     block, kw = sk_triton._launch_cfg(cfg, m)
     out = torch.empty_like(m)
-    grid = triton.cdiv(m.shape[0], block)
-    if sk_triton._pipelined(opts):
-        grid = min(grid, sk_triton._resident_programs(m, cfg))
-    grid = (grid,)
+    grid = (triton.cdiv(m.shape[0], block),)
     h = bwd[grid](m, g, out, m.shape[0], 0.0, BLOCK=block, FAST=True, **kw)
     return out, h
 

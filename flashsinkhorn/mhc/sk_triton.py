@@ -37,7 +37,7 @@ LOG2E = 1.4426950408889634
 # The log backward with 128 registers runs 16 warps per SM (12 at its natural 168); the
 # deepseek backward keeps every scaling vector (no checkpointing) and is not capped.
 SMALL_CONFIG = {"fwd": (256, 8), "bwd": (64, 2, 128), "bwd_deepseek": (64, 2)}
-# Generator options (keep_a, prefetch, pair[, ckpt, ahead, rowsum, colsum, pipe, sync]), see
+# Generator options (keep_a, prefetch, pair[, ckpt, ahead, rowsum, colsum]), see
 # _gen_small. The column-sum identity took 2.218 -> 2.104 ms at keep_a 8 and 2.081 at keep_a 9
 # (bench/results/dev/s23c/, H200, B = 2^24).
 SMALL_BWD_OPTS = (9, True, False, 2, False, True, True)
@@ -82,14 +82,13 @@ def _rcp_nc(x, FAST: tl.constexpr):
 class _Src:
     def __init__(self):
         self.lines: list[str] = []
-        self.base = 0  # added to every line's indent (the body of the pipelined loop)
 
     def __call__(self, line: str = "", indent: int = 1):
-        self.lines.append("    " * (indent + self.base) + line)
+        self.lines.append("    " * indent + line)
 
 
-def _emit_load(s: _Src, n: int, ptr: str, prefix: str, o_b: str = "o_b", m_b: str = "m_b"):
-    """Loads the n×n matrices at offsets o_b (mask m_b) into registers {prefix}{i}{j} (fp32)."""
+def _emit_load(s: _Src, n: int, ptr: str, prefix: str):
+    """Loads the n×n matrices of this program into registers {prefix}{i}{j} (fp32)."""
     nn = n * n
     if n in (2, 4):
         # One [BLOCK, n] tile per matrix row: each lane reads its row as one 8/16-byte vector
@@ -99,8 +98,8 @@ def _emit_load(s: _Src, n: int, ptr: str, prefix: str, o_b: str = "o_b", m_b: st
         for i in range(n):
             t = f"t_{prefix}{i}"
             s(
-                f"{t} = tl.load({ptr} + {o_b}[:, None] * {nn} + {i * n} + "
-                f"tl.arange(0, {n})[None, :], mask={m_b}[:, None], other=0.0).to(tl.float32)"
+                f"{t} = tl.load({ptr} + o_b[:, None] * {nn} + {i * n} + "
+                f"tl.arange(0, {n})[None, :], mask=m_b[:, None], other=0.0).to(tl.float32)"
             )
             if bits > 1:
                 s(f"{t} = tl.reshape({t}, (BLOCK, {', '.join(['2'] * bits)}))")
@@ -119,12 +118,12 @@ def _emit_load(s: _Src, n: int, ptr: str, prefix: str, o_b: str = "o_b", m_b: st
     else:
         for i, j in itertools.product(range(n), range(n)):
             s(
-                f"{prefix}{i}{j} = tl.load({ptr} + {o_b} * {nn} + {i * n + j}, mask={m_b}, "
+                f"{prefix}{i}{j} = tl.load({ptr} + o_b * {nn} + {i * n + j}, mask=m_b, "
                 "other=0.0).to(tl.float32)"
             )
 
 
-def _emit_store(s: _Src, n: int, ptr: str, prefix: str, o_b: str = "o_b", m_b: str = "m_b"):
+def _emit_store(s: _Src, n: int, ptr: str, prefix: str):
     nn = n * n
     if n in (2, 4):
         bits = n.bit_length() - 1
@@ -144,43 +143,43 @@ def _emit_store(s: _Src, n: int, ptr: str, prefix: str, o_b: str = "o_b", m_b: s
             if bits > 1:
                 s(f"{root} = tl.reshape({root}, (BLOCK, {n}))")
             s(
-                f"tl.store({ptr} + {o_b}[:, None] * {nn} + {i * n} + tl.arange(0, {n})[None, :], "
-                f"{root}.to({ptr}.dtype.element_ty), mask={m_b}[:, None])"
+                f"tl.store({ptr} + o_b[:, None] * {nn} + {i * n} + tl.arange(0, {n})[None, :], "
+                f"{root}.to({ptr}.dtype.element_ty), mask=m_b[:, None])"
             )
     else:
         for i, j in itertools.product(range(n), range(n)):
             s(
-                f"tl.store({ptr} + {o_b} * {nn} + {i * n + j}, "
-                f"{prefix}{i}{j}.to({ptr}.dtype.element_ty), mask={m_b})"
+                f"tl.store({ptr} + o_b * {nn} + {i * n + j}, "
+                f"{prefix}{i}{j}.to({ptr}.dtype.element_ty), mask=m_b)"
             )
 
 
-def _emit_setup(s: _Src, n: int, log: bool, pre: str = ""):
-    """A ({pre}x{i}{j}), {pre}a{i}, {pre}b{j} from the logits {pre}m{i}{j}."""
+def _emit_setup(s: _Src, n: int, log: bool):
+    """A (x{i}{j}), a{i}, b{j} from the logits m{i}{j}."""
     R = range(n)
     for i in R:
-        s(f"{pre}f{i} = " + _nest("tl.maximum", [f"{pre}m{i}{j}" for j in R]))
+        s(f"f{i} = " + _nest("tl.maximum", [f"m{i}{j}" for j in R]))
     if log:
         for i, j in itertools.product(R, R):
-            s(f"{pre}l{i}{j} = {pre}m{i}{j} - {pre}f{i}")
+            s(f"l{i}{j} = m{i}{j} - f{i}")
         for j in R:
-            s(f"{pre}g{j} = " + _nest("tl.maximum", [f"{pre}l{i}{j}" for i in R]))
+            s(f"g{j} = " + _nest("tl.maximum", [f"l{i}{j}" for i in R]))
         for i, j in itertools.product(R, R):
-            s(f"{pre}x{i}{j} = tl.exp2(({pre}l{i}{j} - {pre}g{j}) * {LOG2E})")
+            s(f"x{i}{j} = tl.exp2((l{i}{j} - g{j}) * {LOG2E})")
         for j in R:
-            s(f"{pre}b{j} = tl.exp2({pre}g{j} * {LOG2E})")
+            s(f"b{j} = tl.exp2(g{j} * {LOG2E})")
         for i in R:
-            s(f"{pre}a{i} = tl.full((BLOCK,), 1.0, tl.float32)")
+            s(f"a{i} = tl.full((BLOCK,), 1.0, tl.float32)")
     else:
         for i, j in itertools.product(R, R):
-            s(f"{pre}e{i}{j} = tl.exp2(({pre}m{i}{j} - {pre}f{i}) * {LOG2E})")
+            s(f"e{i}{j} = tl.exp2((m{i}{j} - f{i}) * {LOG2E})")
         for i in R:
-            s(f"{pre}q{i} = _rcp(" + " + ".join(f"{pre}e{i}{j}" for j in R) + ", FAST)")
+            s(f"q{i} = _rcp(" + " + ".join(f"e{i}{j}" for j in R) + ", FAST)")
         for i, j in itertools.product(R, R):
-            s(f"{pre}x{i}{j} = {pre}e{i}{j} * {pre}q{i} + eps")
+            s(f"x{i}{j} = e{i}{j} * q{i} + eps")
         for i in R:
-            s(f"{pre}a{i} = tl.full((BLOCK,), 1.0, tl.float32)")
-            s(f"{pre}b{i} = tl.full((BLOCK,), 1.0, tl.float32)")
+            s(f"a{i} = tl.full((BLOCK,), 1.0, tl.float32)")
+            s(f"b{i} = tl.full((BLOCK,), 1.0, tl.float32)")
 
 
 def _nest(fn: str, args: list[str]) -> str:
@@ -225,36 +224,27 @@ def _emit_row(
     indent: int = 1,
     rcp: str = "_rcp",
     pair: bool = False,
-    xp: str = "x",
 ):
-    """out{i} = new a after a row half-step from (a, b) with the matrix {xp}{i}{j}."""
+    """out{i} = new a after a row half-step from (a, b)."""
     R = range(n)
     dens = []
     for i in R:
         # the recompute (rcp="_rcp_nc") sums in the opposite order: the compiler cannot prove
         # it equal to the forward's value and merge the two (which would keep every A_k live).
         order = R if rcp == "_rcp" else reversed(R)
-        r = " + ".join(f"{xp}{i}{j} * {b}{j}" for j in order)
+        r = " + ".join(f"x{i}{j} * {b}{j}" for j in order)
         dens.append(r if log else f"{a}{i} * ({r}) + eps")
     outs = [f"{out}{i}" for i in R]
     _emit_rcps(s, dens, outs, indent, rcp, pair, None if log else [f"{a}{i}" for i in R])
 
 
 def _emit_col(
-    s: _Src,
-    n: int,
-    log: bool,
-    a: str,
-    b: str,
-    out: str,
-    indent: int = 1,
-    pair: bool = False,
-    xp: str = "x",
+    s: _Src, n: int, log: bool, a: str, b: str, out: str, indent: int = 1, pair: bool = False
 ):
     R = range(n)
     dens = []
     for j in R:
-        c = " + ".join(f"{xp}{i}{j} * {a}{i}" for i in R)
+        c = " + ".join(f"x{i}{j} * {a}{i}" for i in R)
         dens.append(c if log else f"{b}{j} * ({c}) + eps")
     outs = [f"{out}{j}" for j in R]
     _emit_rcps(s, dens, outs, indent, "_rcp", pair, None if log else [f"{b}{j}" for j in R])
@@ -271,8 +261,6 @@ def _gen_small(
     ahead: bool = False,
     rowsum: bool = False,
     colsum: bool = False,
-    pipe: bool = False,
-    sync: bool = False,
 ) -> str:
     """Kernel source for (n, n_iters, variant).
 
@@ -289,9 +277,6 @@ def _gen_small(
     colsum (log variant, with rowsum): also drop the last row; dM's column sums are
     B_0 ⊙ (adjoint of B_0), known after the reverse pass (docs/mhc.md, "Backward"), so
     (n−1)² entries are accumulated.
-    pipe (log variant): a persistent backward in which each program walks its tiles and runs
-    the reverse pass of one tile interleaved with the forward recompute of the next (see
-    _emit_pipelined_bwd); sync: a barrier at the start of every tile of it.
     """
     log = variant == "log"
     R = range(n)
@@ -327,14 +312,6 @@ def _gen_small(
         "FAST: tl.constexpr):",
         0,
     )
-    # rowsum: the log variant's dM has zero row sums (adding a constant to a row of M leaves
-    # P unchanged), so the last column of the accumulator is not kept: z_{i,n-1} = −Σ_{j<n-1} z_ij.
-    cols = range(n - 1) if (log and rowsum and n > 1) else R
-    rows = range(n - 1) if (log and rowsum and colsum and n > 1) else R
-    rev = dict(keep_a=keep_a, ckpt=ckpt if log else 1, ahead=ahead, pair=pair, cols=cols, rows=rows)
-    if log and pipe:
-        _emit_pipelined_bwd(s, n, n_iters, sync, rev)
-        return "\n".join(s.lines) + "\n"
     s("i_p = tl.program_id(0)")
     s("o_b = i_p.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)")
     s("m_b = o_b < n_mat")
@@ -342,6 +319,11 @@ def _gen_small(
     if prefetch:
         _emit_load(s, n, "p_g", "d")
     _emit_setup(s, n, log)
+    # rowsum: the log variant's dM has zero row sums (adding a constant to a row of M leaves
+    # P unchanged), so the last column of the accumulator is not kept: z_{i,n-1} = −Σ_{j<n-1} z_ij.
+    cols = range(n - 1) if (log and rowsum and n > 1) else R
+    rows = range(n - 1) if (log and rowsum and colsum and n > 1) else R
+    rev = dict(keep_a=keep_a, ckpt=ckpt if log else 1, ahead=ahead, pair=pair, cols=cols, rows=rows)
     for i in R:
         s(f"B0_{i} = b{i}")
         s(f"A0_{i} = a{i}")
@@ -351,7 +333,16 @@ def _gen_small(
     _emit_bwd_init(s, n, n_iters, cols, rows)
     _emit_reverse(s, n, log, n_iters, **rev)
     if log:
-        _emit_log_grad(s, n, rows, cols)
+        # A = exp(M − f − g) with the shifts held constant (P does not depend on them).
+        for i, j in itertools.product(rows, cols):
+            s(f"z{i}{j} = y{i}{j} * x{i}{j}")
+        if len(cols) < n:
+            for i in rows:
+                s(f"z{i}{n - 1} = -(" + " + ".join(f"z{i}{j}" for j in cols) + ")")
+        if len(rows) < n:
+            # column sums of dM: B_0 ⊙ (adjoint of B_0), which db holds after round 1
+            for j in R:
+                s(f"z{n - 1}{j} = B0_{j} * db{j} - (" + " + ".join(f"z{i}{j}" for i in rows) + ")")
     else:
         # A = softmax(M) + eps: softmax backward.
         for i in R:
@@ -360,73 +351,6 @@ def _gen_small(
             s(f"z{i}{j} = (x{i}{j} - eps) * (y{i}{j} - w{i})")
     _emit_store(s, n, "p_out", "z")
     return "\n".join(s.lines) + "\n"
-
-
-def _emit_pipelined_bwd(s: _Src, n: int, T: int, sync: bool, rev: dict):
-    """Backward of the log variant as a loop over a program's tiles t = i_p, i_p + n_p, …
-
-    Iteration t runs the reverse pass of tile t from the scalings kept since the previous
-    iteration, interleaved round by round with the forward recompute of tile t + n_p, whose
-    kept scalings (and matrix) become the loop-carried state. A lane then always has an
-    independent dependency chain at hand: the reverse rounds are FMA work, the forward rounds
-    reciprocal (MUFU) work. The first iteration's "current" tile is a dummy of ones (t < 0,
-    stores masked off); the last one's next tile is masked loads whose result is unused.
-    """
-    R = range(n)
-    have_a, keep_b = _kept(True, T, rev["keep_a"], rev["ckpt"])
-    carried = [f"x{i}{j}" for i, j in itertools.product(R, R)]
-    carried += [f"B{k}_{i}" for k in sorted(keep_b) for i in R]
-    carried += [f"A{k}_{i}" for k in sorted(have_a) for i in R]
-    s("i_p = tl.program_id(0)")
-    s("n_p = tl.num_programs(0)")
-    s("n_tiles = tl.cdiv(n_mat, BLOCK)")
-    for name in carried:
-        s(f"{name} = tl.full((BLOCK,), 1.0, tl.float32)")
-    s("for t in range(i_p - n_p, n_tiles, n_p):")
-    s.base += 1
-    if sync:
-        s("tl.debug_barrier()")
-    # int64 offsets (t is a plain int under the interpreter, hence no .to)
-    s("o_b = (tl.zeros((BLOCK,), tl.int64) + t) * BLOCK + tl.arange(0, BLOCK)")
-    s("o_n = o_b + n_p * BLOCK")
-    s("m_n = o_n < n_mat")
-    s("m_b = (o_b >= 0) & (o_b < n_mat)")
-    _emit_load(s, n, "p_x", "nm", "o_n", "m_n")
-    _emit_load(s, n, "p_g", "d")
-    _emit_setup(s, n, True, pre="n")
-    for i in R:
-        s(f"nB0_{i} = nb{i}")
-    _emit_bwd_init(s, n, T, rev["cols"], rev["rows"])
-
-    def next_round(k):
-        j = T + 1 - k
-        _emit_row(s, n, True, "", f"nB{j - 1}_", f"nA{j}_", pair=rev["pair"], xp="nx")
-        _emit_col(s, n, True, f"nA{j}_", "", f"nB{j}_", pair=rev["pair"], xp="nx")
-
-    _emit_reverse(s, n, True, T, **rev, hook=next_round)
-    _emit_log_grad(s, n, rev["rows"], rev["cols"])
-    _emit_store(s, n, "p_out", "z")
-    for name in carried:
-        s(f"{name} = n{name}")
-    s.base -= 1
-
-
-def _emit_log_grad(s: _Src, n: int, rows, cols, indent: int = 1):
-    """z = dM of the log variant from the accumulated block y of the adjoint of A."""
-    R = range(n)
-    # A = exp(M − f − g) with the shifts held constant (P does not depend on them).
-    for i, j in itertools.product(rows, cols):
-        s(f"z{i}{j} = y{i}{j} * x{i}{j}", indent)
-    if len(cols) < n:
-        for i in rows:
-            s(f"z{i}{n - 1} = -(" + " + ".join(f"z{i}{j}" for j in cols) + ")", indent)
-    if len(rows) < n:
-        # column sums of dM: B_0 ⊙ (adjoint of B_0), which db holds after round 1
-        for j in R:
-            s(
-                f"z{n - 1}{j} = B0_{j} * db{j} - (" + " + ".join(f"z{i}{j}" for i in rows) + ")",
-                indent,
-            )
 
 
 def _emit_fwd_rounds(s: _Src, n: int, log: bool, T: int, pair: bool):
@@ -457,13 +381,6 @@ def _emit_bwd_init(s: _Src, n: int, T: int, cols, rows):
         s(f"db{j} = " + " + ".join(f"d{i}{j} * x{i}{j} * A{T}_{i}" for i in R))
 
 
-def _kept(log: bool, T: int, keep_a: int, ckpt: int) -> tuple[set, set]:
-    """(rounds whose A_k, rounds whose B_k) the backward keeps live since the forward."""
-    keep_b = {k for k in range(T + 1) if k % ckpt == 0 or k == T}
-    have_a = {k for k in range(1, T + 1) if not log or k >= T - keep_a}
-    return have_a, keep_b
-
-
 def _emit_reverse(
     s: _Src,
     n: int,
@@ -475,17 +392,15 @@ def _emit_reverse(
     pair: bool,
     cols,
     rows,
-    hook=None,
 ):
     """Reverse pass through rounds T..1 of _emit_fwd_rounds, accumulating y (the adjoint of A)
     and carrying da, db. Round k needs A_k, B_k and B_{k-1}. With ckpt > 1 (log variant) only
     every ckpt-th B_k stays live since the forward (and B_0, B_T); the others are recomputed
-    from A_k (itself recomputed from the B below, or kept) by one column half-step.
-    hook(k), when given, emits other work before reverse round k (the pipelined kernel's
-    forward of the next tile)."""
+    from A_k (itself recomputed from the B below, or kept) by one column half-step."""
     R = range(n)
     last = 1 if log else 2
-    have_a, keep_b = _kept(log, T, keep_a, ckpt)
+    keep_b = {k for k in range(T + 1) if k % ckpt == 0 or k == T}
+    have_a = {k for k in range(1, T + 1) if not log or k >= T - keep_a}
     have_b = set(keep_b)
     bname = {k: f"B{k}_" for k in keep_b}
 
@@ -507,8 +422,6 @@ def _emit_reverse(
         have_b.add(k)
 
     for k in range(T, 0, -1):
-        if hook is not None:
-            hook(k)
         ensure_a(k)
         ensure_b(k)
         ensure_b(k - 1)
@@ -757,28 +670,6 @@ def _launch_cfg(cfg: tuple, m: torch.Tensor):
     return cfg[0], kw
 
 
-def _pipelined(opts: tuple) -> bool:
-    return len(opts) > 7 and bool(opts[7])
-
-
-def _resident_programs(m: torch.Tensor, cfg: tuple) -> int:
-    """Programs of the persistent (pipelined) backward: cfg[3] per SM on the GPU. Under the
-    interpreter three, so that the tests walk several tiles per program."""
-    if not m.is_cuda or _interpreting():
-        return 3
-    return _sm_count(m.device) * cfg[3]
-
-
-_SM_COUNT: dict = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
-
-
 def sk_forward_triton(
     m: torch.Tensor, n_iters: int, variant: str, eps: float, path: str = "auto"
 ) -> torch.Tensor:
@@ -829,10 +720,7 @@ def sk_backward_triton(
         cfg = SMALL_CONFIG["bwd" if variant == "log" else "bwd_deepseek"]
         block, kw = _launch_cfg(cfg, m)
         fast = m.is_cuda and not _interpreting()
-        grid = cdiv(bsz, block)
-        if variant == "log" and _pipelined(SMALL_BWD_OPTS):
-            grid = min(grid, _resident_programs(m, cfg))
-        bwd[(grid,)](m, grad, out, bsz, eps, BLOCK=block, FAST=fast, **kw, **FP_FUSION)
+        bwd[(cdiv(bsz, block),)](m, grad, out, bsz, eps, BLOCK=block, FAST=fast, **kw, **FP_FUSION)
         return out
     first, n_half, np_, warps = _gen_meta(n, n_iters, variant)
     hs = min(GEN_HS_MAX, max(2, next_pow2(n_half)))
