@@ -54,8 +54,9 @@ def bench_projection(sizes, sweep, baselines):
         torch.cuda.empty_cache()
 
 
-# Candidates of the small path: (generator options (keep_a, prefetch, pair), launch config
-# (matrices per program, warps[, maxnreg])). The first of each list is the library default.
+# Candidates of the small path: (generator options (keep_a, prefetch, pair[, ckpt, ahead,
+# rowsum, colsum]), launch config (matrices per program, warps[, maxnreg])). The first of each
+# list is the library default.
 FWD_CANDS = [
     ((8, True, False), (256, 8)),
     ((8, True, False), (128, 4)),
@@ -63,22 +64,22 @@ FWD_CANDS = [
     ((8, True, True), (128, 4)),
 ]
 BWD_CANDS = [
-    ((8, True, False, 2, False, True), (64, 2, 128)),
+    (sk_triton.SMALL_BWD_OPTS, sk_triton.SMALL_CONFIG["bwd"]),
+    ((8, True, False, 2, False, True, True), (64, 2, 128)),
+    ((8, True, False, 2, False, True), (64, 2, 128)),  # the session-15 default
     ((8, True, False), (64, 2)),
-    ((8, True, False, 2, False, True), (64, 2)),
-    ((8, True, False, 2, True, True), (64, 2, 128)),
 ]
 DEEPSEEK_BWD = ((8, True, False, 2, False, True), (64, 2))
 
 
 def _cand_name(variant, opts, cfg):
     keep_a, _, pair, *more = opts
-    ckpt, ahead, rowsum = (more + [1, False, False][len(more) :])[:3]
+    ckpt, ahead, rowsum, colsum = (more + [1, False, False, False][len(more) :])[:4]
     if variant != "log":  # the checkpointing options apply to the log variant only
-        ckpt, ahead, rowsum = 1, False, False
+        ckpt, ahead, rowsum, colsum = 1, False, False, False
     extra = f"|keep{keep_a}" + ("|pair" if pair else "")
     extra += (f"|ckpt{ckpt}" if ckpt > 1 else "") + ("|ahead" if ahead else "")
-    extra += "|rowsum" if rowsum else ""
+    extra += ("|rowsum" if rowsum else "") + ("|colsum" if colsum else "")
     return f"triton_{variant}[{'x'.join(map(str, cfg))}{extra}]"
 
 
