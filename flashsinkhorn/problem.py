@@ -171,7 +171,9 @@ def kernel_scale(precision: str, amax: float) -> float:
     if not amax > 0 or not math.isfinite(amax) or precision not in ("tf32", "tf32x3"):
         return 1.0
     s = 2.0 ** math.ceil(math.log2(amax))
-    return s if precision == "tf32" else s / SPLIT_HEADROOM
+    # Below 2^-126 the split scale would be a float32 subnormal and, under 2^-149, zero (x/0:
+    # NaN parts). Points that small have squared distances that underflow anyway.
+    return s if precision == "tf32" else max(s / SPLIT_HEADROOM, 2.0**-126)
 
 
 def split_half(x: torch.Tensor, scale: float) -> torch.Tensor:

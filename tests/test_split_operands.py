@@ -64,6 +64,20 @@ def test_split_parts_hold_22_bits_inside_float16_range():
     assert torch.equal(split_half(X.x, X.kscale), X.xk)
 
 
+@pytest.mark.parametrize("spread", [1e-30, 1e-41])
+def test_split_parts_stay_finite_for_tiny_clouds(device, spread):
+    # 1e-41 put the split scale below float32's smallest subnormal: the parts were x/0 = NaN.
+    g = torch.Generator().manual_seed(3)
+    x = (torch.rand(1, 19, 3, generator=g) * spread).to(device)
+    y = (torch.rand(1, 14, 3, generator=g) * spread).to(device)
+    p = prepare(x, y, None, None, rho_x=None, rho_y=None, precision="tf32x3")
+    assert p.X.kscale >= 2.0**-126
+    assert bool(torch.isfinite(p.X.xk.float()).all()) and bool(torch.isfinite(p.Y.xk.float()).all())
+    out = fs.sinkhorn(x[0], y[0], eps=0.1, n_iters=5, precision="tf32x3", backend="triton")
+    ref = fs.sinkhorn(x[0].double(), y[0].double(), eps=0.1, n_iters=5, backend="torch")
+    assert torch.isfinite(out.value) and abs(float(out.value) - float(ref.value)) <= 1e-6
+
+
 @pytest.mark.parametrize("B,n,m,d", SHAPES)
 def test_triton_tf32x3_softmin_matches_float64(device, B, n, m, d):
     p = _problem(B, n, m, d, device, seed=d)
