@@ -48,17 +48,9 @@ def row_chunks(B: int, n: int, m: int, budget: int = CHUNK_ELEMENTS):
         yield slice(s, min(n, s + rows))
 
 
-def scores(
-    rows_x: torch.Tensor, cols: Side, col_pot: torch.Tensor, eps: float, dots=None
-) -> torch.Tensor:
-    """(B, r, m) log-domain scores (2 x·y + p_j − ‖y_j‖²)/eps + log w_j of a row block.
-
-    ``dots``: the (B, r, m) products x·yᵀ of the block when already at hand (a stored Gram
-    matrix), instead of computing them from ``rows_x``.
-    """
+def scores(rows_x: torch.Tensor, cols: Side, col_pot: torch.Tensor, eps: float) -> torch.Tensor:
+    """(B, r, m) log-domain scores (2 x·y + p_j − ‖y_j‖²)/eps + log w_j of a row block."""
     h = (col_pot - cols.sq) / eps + cols.logw
-    if dots is not None:
-        return torch.add(h.unsqueeze(1), dots.to(h.dtype), alpha=2.0 / eps)
     xr = rows_x.to(h.dtype)
     yc = cols.x.to(h.dtype)
     return torch.baddbmm(h.unsqueeze(1), xr, yc.transpose(1, 2), alpha=2.0 / eps)
@@ -80,9 +72,8 @@ def distance_block(rows_x: torch.Tensor, rsq: torch.Tensor, cols: Side, dtype) -
     return d2.clamp_min(cols.sq_floor).sqrt()
 
 
-def block_scores(rows: Side, sl: slice, cols: Side, col_pot: torch.Tensor, eps: float, dots=None):
-    """Scores of a row block for any kernel cost (``dots``: see :func:`scores`; squared
-    Euclidean cost only).
+def block_scores(rows: Side, sl: slice, cols: Side, col_pot: torch.Tensor, eps: float):
+    """Scores of a row block for any kernel cost.
 
     Returns ``(z, offset, dist)``: z (B, r, m) log-domain scores such that the soft-min is
     ``T_i = offset_i − eps · LSE_j z_ij`` and the plan ``P_ij = exp(h_i + z_ij)`` with
@@ -97,7 +88,7 @@ def block_scores(rows: Side, sl: slice, cols: Side, col_pot: torch.Tensor, eps: 
         z = (col_pot[:, None, :] - dist) / eps + cols.logw[:, None, :]
         offset = torch.zeros_like(rows.sq[:, sl])
     else:
-        z = scores(rows.x[:, sl], cols, col_pot, eps, dots)
+        z = scores(rows.x[:, sl], cols, col_pot, eps)
         offset = rows.sq[:, sl]
     if rows.labels is not None:
         z = z - label_block(rows, sl, cols) / eps

@@ -19,13 +19,10 @@ from ..problem import Side
 from .torch_ref import CHUNK_ELEMENTS, block_scores, matmul_precision, row_chunks
 
 
-def _row_softmax(
-    rows: Side, cols: Side, row_pot, col_pot, eps: float, sl: slice, dist=False, dots=None
-):  # fmt: skip
+def _row_softmax(rows: Side, cols: Side, row_pot, col_pot, eps: float, sl: slice, dist=False):
     """((B, r, m) row-softmax of the scores, (B, r) row marginal â) for a block of rows;
-    with ``dist=True`` also the distance block of the euclidean cost (None otherwise).
-    ``dots``: the block's x·yᵀ when stored (torch_ref.scores)."""
-    z, offset, D = block_scores(rows, sl, cols, col_pot.to(rows.sq.dtype), eps, dots)
+    with ``dist=True`` also the distance block of the euclidean cost (None otherwise)."""
+    z, offset, D = block_scores(rows, sl, cols, col_pot.to(rows.sq.dtype), eps)
     lse = torch.logsumexp(z, dim=2, keepdim=True)
     # A row with no reachable column (all weights zero) has lse = -inf: give it zero mass.
     lse_safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
@@ -73,17 +70,12 @@ def transport_grad(
     eps: float,
     precision: str,
     chunk_elements: int = CHUNK_ELEMENTS,
-    dots=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(∇_r OT_eps, â): the envelope gradient w.r.t. the row points, â = P 1.
 
     Squared Euclidean cost (labels or not): 2 (diag(â) r − P c). Euclidean cost:
     Σ_j P_ij (r_i − c_j) / ‖r_i − c_j‖, with the subgradient 0 where the distance is 0 (at
     or below the floor), i.e. ``diag((P ∘ 1/C) 1) r − (P ∘ 1/C) c``.
-
-    ``dots``: for the squared Euclidean cost, a function of a row slice that returns that
-    block's (B, r, m) products r·cᵀ from a stored Gram matrix (the dense path), so that only
-    the plan-times-points product is computed.
     """
     B, n, d = rows.x.shape
     m = cols.x.shape[1]
@@ -101,8 +93,7 @@ def transport_grad(
                 gsl = wgt.sum(-1, keepdim=True) * xr - torch.bmm(wgt, yc)
                 grad[:, sl] = marg[:, sl, None] * gsl
                 continue
-            block = None if dots is None else dots(sl)
-            soft, marg[:, sl] = _row_softmax(rows, cols, row_pot, col_pot, eps, sl, dots=block)
+            soft, marg[:, sl] = _row_softmax(rows, cols, row_pot, col_pot, eps, sl)
             # â_i (r_i − Σ_j softmax_ij c_j): the row-normalised form keeps the difference of
             # two nearly equal terms at the scale of the points, not of â·points.
             bary = torch.bmm(soft, yc)

@@ -14,9 +14,9 @@ import triton.language as tl
 
 from ..._triton_launch import FP_FUSION, cdiv
 from ...problem import Problem, Side
-from .. import torch_transport
-from ..torch_ref import matmul_precision
+from ..torch_ref import CHUNK_ELEMENTS, matmul_precision
 from . import TritonBackend
+from .dense_grad import dense_transport_grad
 from .lse import _DYNAMIC, _partials, _softmin_epilogue, combine_one_side, plan_split
 
 # Smallest d at which the dense path is chosen by "auto", and the largest K it may allocate.
@@ -109,8 +109,8 @@ class DenseTritonBackend(TritonBackend):
     path = "dense"
     # the Gram matrix is the backend's own tensor, not part of the cache key
     graph_safe = False
-    #: fp32 elements per row block of the envelope gradient's torch pass (its temporaries)
-    chunk_elements = torch_transport.CHUNK_ELEMENTS
+    #: fp32 scores per row block of the envelope gradient's softmax buffer
+    chunk_elements = CHUNK_ELEMENTS
 
     def __init__(self, problem: Problem):
         X, Y = problem.X, problem.Y
@@ -188,28 +188,24 @@ class DenseTritonBackend(TritonBackend):
         return f_new, g_new, tf, tg
 
     def transport_grad(self, rows, cols, row_pot, col_pot, eps, precision):
-        """Envelope gradient from the stored Gram matrix: row blocks of K give the scores, so
-        only the plan-times-points product is a matrix product (cuBLAS). The streaming kernel
-        recomputes x·yᵀ, and at 10k, d = 512 took ≈ 9 ms of a 12.9 ms fwd+bwd
-        (docs/performance.md, after entry 22). Same contract as Backend.transport_grad."""
+        """Envelope gradient from the stored Gram matrix: one kernel writes each row block of
+        the plan's row softmax from K, cuBLAS multiplies it by the points (dense_grad.py). The
+        streaming kernel recomputes x·yᵀ, and at 10k, d = 512 took ≈ 9 ms of a 12.9 ms
+        fwd+bwd (docs/performance.md, after entry 22). Same contract as
+        Backend.transport_grad."""
         if rows.x is self._x and cols.x is self._y:
-            m = cols.x.shape[1]
-
-            def dots(sl):
-                return self.gram[:, sl, :m]
+            transposed = False
         elif rows.x is self._y and cols.x is self._x:
-            n = cols.x.shape[1]
-
-            def dots(sl):
-                return self.gram[:, :n, sl].transpose(1, 2)
+            transposed = True
         else:  # sides K was not built from
             return super().transport_grad(rows, cols, row_pot, col_pot, eps, precision)
         # A backward run under autocast would otherwise take the plan-times-points bmm in
         # 16 bits; the streaming kernel it replaces ignores autocast.
         with _no_autocast(rows.x.device):
-            return torch_transport.transport_grad(
-                rows, cols, row_pot, col_pot, eps, precision, self.chunk_elements, dots=dots
-            )
+            return dense_transport_grad(
+                self.gram, transposed, rows, cols, row_pot, col_pot, eps, precision,
+                self.chunk_elements,
+            )  # fmt: skip
 
 
 def _no_autocast(device: torch.device):
