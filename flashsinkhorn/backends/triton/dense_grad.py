@@ -17,6 +17,9 @@ from ..._triton_launch import FP_FUSION, cdiv
 from ...problem import Side
 from ..torch_ref import matmul_precision, row_chunks
 
+# (BLOCK_M, BLOCK_N, warps) per orientation (False: x side, K's rows; True: y side, columns).
+SOFTMAX_TILES = {False: (16, 256, 4), True: (64, 128, 8)}
+
 
 # Row strides and sizes vary per call; K's stride is a multiple of 16 (padded rows).
 @triton.jit(do_not_specialize=["row0", "n_rows", "n_cols", "s_kb", "s_sb", "s_sr", "s_vcb", "s_lb"])
@@ -124,7 +127,7 @@ def dense_transport_grad(
     marg = torch.empty_like(rows.sq)
     yc = cols.x.to(dtype)
     col_pot = col_pot.to(dtype).contiguous()
-    block_m, block_n, warps = (64, 128, 8) if transposed else (16, 256, 4)
+    block_m, block_n, warps = SOFTMAX_TILES[transposed]
     for sl in row_chunks(B, n, m, chunk_elements):
         r = sl.stop - sl.start
         soft = torch.empty((B, r, m), dtype=dtype, device=rows.x.device)
