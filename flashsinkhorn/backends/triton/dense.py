@@ -14,9 +14,9 @@ import triton.language as tl
 
 from ..._triton_launch import FP_FUSION, cdiv
 from ...problem import Problem, Side
-from ..torch_ref import CHUNK_ELEMENTS, matmul_precision
+from ..torch_ref import matmul_precision
 from . import TritonBackend
-from .dense_grad import dense_transport_grad
+from .dense_grad import CHUNK_ELEMENTS, dense_transport_grad
 from .lse import _DYNAMIC, _partials, _softmin_epilogue, combine_one_side, plan_split
 
 # Smallest d at which the dense path is chosen by "auto", and the largest K it may allocate.

@@ -17,8 +17,13 @@ from ..._triton_launch import FP_FUSION, cdiv
 from ...problem import Side
 from ..torch_ref import matmul_precision, row_chunks
 
-# (BLOCK_M, BLOCK_N, warps) per orientation (False: x side, K's rows; True: y side, columns).
-SOFTMAX_TILES = {False: (16, 256, 4), True: (64, 128, 8)}
+# (BLOCK_M, BLOCK_N, warps) per orientation (False: x side, K's rows; True: y side, columns):
+# the fastest of bench/dev/dense_grad_probe.py on the H200 at 10k, d = 512 with blocks of 2^26
+# scores (bench/results/dev/s23g; 0.91 / 0.90 ms per side against 1.64 / 3.48 ms at the first
+# tiles with 2^24: a 2^24 block had ~100 and ~26 programs for 132 SMs).
+SOFTMAX_TILES = {False: (8, 256, 4), True: (16, 256, 4)}
+#: Scores per row block (the S buffer: 256 MiB of fp32).
+CHUNK_ELEMENTS = 1 << 26
 
 
 # Row strides and sizes vary per call; K's stride is a multiple of 16 (padded rows).
