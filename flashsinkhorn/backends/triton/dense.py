@@ -16,7 +16,7 @@ from ..._triton_launch import FP_FUSION, cdiv
 from ...problem import Problem, Side
 from ..torch_ref import matmul_precision
 from . import TritonBackend
-from .dense_grad import CHUNK_ELEMENTS, dense_transport_grad
+from .dense_grad import CHUNK_ELEMENTS, _k_scores, dense_transport_grad
 from .lse import _DYNAMIC, _partials, _softmin_epilogue, combine_one_side, plan_split
 
 # Smallest d at which the dense path is chosen by "auto", and the largest K it may allocate.
@@ -70,25 +70,10 @@ def _dense_softmin_kernel(
     col_start = tl.multiple_of(i_s * cols_per_split, BLOCK_N)
     col_stop = tl.minimum(col_start + cols_per_split, n_cols)
     for start_n in range(col_start, col_stop, BLOCK_N):
-        o_n = start_n + tl.arange(0, BLOCK_N)
-        m_n = o_n < n_cols
-        o_n64 = o_n.to(tl.int64)
-        # Along K's rows the load is masked at the padded width s_k (16-byte vectors; the
-        # padding holds zeros). Row sweeps: the padding columns have a −inf bias and add
-        # nothing. Column sweeps: the padding is tile rows past n_rows, never stored.
-        if TRANSPOSED:
-            p_k = K + i_b * s_kb + o_n64[None, :] * s_k + o_m64[:, None]
-            m_k = (o_m < s_k)[:, None] & m_n[None, :]
-        else:
-            p_k = K + i_b * s_kb + o_m64[:, None] * s_k + o_n64[None, :]
-            m_k = m_m[:, None] & (o_n < s_k)[None, :]
-        b_s = tl.load(p_k, mask=m_k, other=0.0)
-        o_vc = i_b * s_vcb + o_n
-        b_h = (
-            tl.load(Cpot + o_vc, mask=m_n, other=0.0) - tl.load(Csq + o_vc, mask=m_n, other=0.0)
-        ) * inv_eps2
-        b_h += tl.load(Clogw + o_vc, mask=m_n, other=float("-inf")) * 1.4426950408889634
-        b_z = b_s * scale2 + b_h[None, :]
+        b_z, _m_n, _o_n = _k_scores(
+            K, Csq, Clogw, Cpot, i_b, o_m, o_m64, m_m, start_n, n_cols, s_kb, s_k, s_vcb,
+            scale2, inv_eps2, BLOCK_N, TRANSPOSED,
+        )  # fmt: skip
         b_new = tl.maximum(b_max, tl.max(b_z, 1))
         b_ref = tl.where(b_new == float("-inf"), 0.0, b_new)
         b_sum = b_sum * tl.exp2(b_max - b_ref) + tl.sum(tl.exp2(b_z - b_ref[:, None]), 1)

@@ -62,7 +62,7 @@ def _dense_softmax_fwd_kernel(
     b_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     b_sum = tl.zeros([BLOCK_M], tl.float32)
     for start_n in range(0, n_cols, BLOCK_N):
-        b_z, m_n, o_n = _scores(
+        b_z, m_n, o_n = _k_scores(
             K, Csq, Clogw, Cpot, i_b, o_m, o_m64, m_m, start_n, n_cols, s_kb, s_k, s_vcb,
             scale2, inv_eps2, BLOCK_N, TRANSPOSED,
         )  # fmt: skip
@@ -76,7 +76,7 @@ def _dense_softmax_fwd_kernel(
     tl.store(Lse + i_b * s_lb + o_r, b_lse * 0.6931471805599453, mask=m_m)
     o_r64 = o_r.to(tl.int64)
     for start_n in range(0, n_cols, BLOCK_N):
-        b_z, m_n, o_n = _scores(
+        b_z, m_n, o_n = _k_scores(
             K, Csq, Clogw, Cpot, i_b, o_m, o_m64, m_m, start_n, n_cols, s_kb, s_k, s_vcb,
             scale2, inv_eps2, BLOCK_N, TRANSPOSED,
         )  # fmt: skip
@@ -85,19 +85,28 @@ def _dense_softmax_fwd_kernel(
 
 
 @triton.jit
-def _scores(
+def _k_scores(
     K, Csq, Clogw, Cpot, i_b, o_m, o_m64, m_m, start_n, n_cols, s_kb, s_k, s_vcb,
     scale2, inv_eps2, BLOCK_N: tl.constexpr, TRANSPOSED: tl.constexpr,
 ):  # fmt: skip
-    """A [BLOCK_M, BLOCK_N] tile of log2-domain scores from K (as the dense soft-min)."""
+    """A [BLOCK_M, BLOCK_N] tile of log2-domain scores 2 K/eps + (g − ‖c‖²)/eps + log w read
+    from K (row r, column c: K[r, c], or K[c, r] when TRANSPOSED); also returns the column
+    mask and offsets.
+
+    Along K's rows the load is masked at the padded width s_k (16-byte vectors; the padding
+    holds zeros). Row sweeps: the padding columns have a −inf bias and add nothing. Column
+    sweeps: the padding is tile rows past the last row, never stored.
+    """
     o_n = start_n + tl.arange(0, BLOCK_N)
     m_n = o_n < n_cols
     o_n64 = o_n.to(tl.int64)
     if TRANSPOSED:
         p_k = K + i_b * s_kb + o_n64[None, :] * s_k + o_m64[:, None]
+        m_k = (o_m < s_k)[:, None] & m_n[None, :]
     else:
         p_k = K + i_b * s_kb + o_m64[:, None] * s_k + o_n64[None, :]
-    b_k = tl.load(p_k, mask=m_m[:, None] & m_n[None, :], other=0.0)
+        m_k = m_m[:, None] & (o_n < s_k)[None, :]
+    b_k = tl.load(p_k, mask=m_k, other=0.0)
     o_vc = i_b * s_vcb + o_n
     b_h = (
         tl.load(Cpot + o_vc, mask=m_n, other=0.0) - tl.load(Csq + o_vc, mask=m_n, other=0.0)
