@@ -127,13 +127,14 @@ def test_one_compiled_soft_min_per_orientation(device):
 
 
 @pytest.mark.parametrize("rho", [None, 0.7])
-@pytest.mark.parametrize("chunk", [None, 700])
+@pytest.mark.parametrize("chunk", [None, 700, 12000])
 @pytest.mark.parametrize("n,m,zero", [(45, 300, False), (40, 40, True)])
 def test_dense_envelope_gradient_reads_the_gram_matrix(device, monkeypatch, rho, chunk, n, m, zero):
     """Both orientations of the envelope gradient go through the softmax kernel over K (the
     right orientation each) and match the float64 torch gradient and row marginal; ``chunk``:
     several row blocks; a square case (an orientation mix-up keeps the shapes) with
-    zero-weight points."""
+    zero-weight points. 700 scores make blocks of 1 row (x side) and 7 (y side); 12000 make
+    blocks of 20 and 133 rows, each split over several programs (row0 > 0 inside a block)."""
     eps = 0.1
     p, p64 = _problem(2, n, m, 7, device, rho=rho, zero_weights=zero)
     f64, g64 = torch_iterate(p64, eps, 6)

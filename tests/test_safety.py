@@ -123,57 +123,83 @@ def test_flags_restored_after_exception(name, fn):
 
 @pytest.mark.parametrize("allow", [False, True])
 def test_matmul_precision_restores_tf32_flag_after_exception(allow):
-    # The CUDA branch of the context manager only flips a Python-visible flag: testable here.
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = allow
+    # The CUDA branch of the context manager only flips Python-visible flags: testable here.
+    flags = torch.backends.cuda.matmul
+    new_api = hasattr(flags, "fp32_precision")
+    saved = flags.allow_tf32
+    flags.allow_tf32 = allow
     try:
         with pytest.raises(RuntimeError, match="boom"):
             with matmul_precision("tf32" if not allow else "ieee", torch.device("cuda")):
-                assert torch.backends.cuda.matmul.allow_tf32 is (not allow)
+                if new_api:  # a legacy read would raise in here: the block used the new API
+                    assert flags.fp32_precision == ("ieee" if allow else "tf32")
+                else:
+                    assert flags.allow_tf32 is (not allow)
                 raise RuntimeError("boom")
-        assert torch.backends.cuda.matmul.allow_tf32 is allow
+        assert flags.allow_tf32 is allow
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
+        flags.allow_tf32 = saved
 
 
-_NEW_API_SCRIPT = """
+_TF32_SCRIPT = """
+import sys
 import torch
 from flashsinkhorn.backends.torch_ref import matmul_precision
+
 flags = torch.backends.cuda.matmul
+scenario, use_block = sys.argv[1], sys.argv[2] == "1"
+if scenario.startswith("legacy_"):
+    flags.allow_tf32 = scenario == "legacy_tf32"
+elif scenario.startswith("global_"):
+    torch.backends.fp32_precision = scenario[len("global_"):]
+elif scenario.startswith("new_"):
+    flags.fp32_precision = scenario[len("new_"):]
 
 
-def legacy_read_raises():
+def observe():
     try:
-        flags.allow_tf32
+        legacy = flags.allow_tf32
     except RuntimeError:
-        return True
-    return False
+        legacy = "raises"
+    return [flags.fp32_precision, legacy]
 
 
-flags.fp32_precision = "{caller}"
-before = legacy_read_raises()
-for prec, inside in (("tf32", "tf32"), ("ieee", "ieee")):
-    with matmul_precision(prec, torch.device("cuda")):
-        assert flags.fp32_precision == inside, (prec, flags.fp32_precision)
-    assert flags.fp32_precision == "{caller}", flags.fp32_precision
-    assert legacy_read_raises() == before
-print("ok", before)
+seen = []
+if use_block:
+    for prec in ("tf32", "ieee"):
+        with matmul_precision(prec, torch.device("cuda")):
+            assert flags.fp32_precision == prec, (prec, flags.fp32_precision)
+            other = "ieee" if prec == "tf32" else "tf32"
+            with matmul_precision(other, torch.device("cuda")):
+                assert flags.fp32_precision == other
+            assert flags.fp32_precision == prec
+seen += observe()
+# whether the matmul flag still follows the global setting
+torch.backends.fp32_precision = "ieee" if flags.fp32_precision == "tf32" else "tf32"
+seen += observe()
+print(seen)
 """
 
 
 @pytest.mark.skipif(
     not hasattr(torch.backends.cuda.matmul, "fp32_precision"), reason="torch < 2.9: one API"
 )
-@pytest.mark.parametrize("caller", ["tf32", "ieee"])
-def test_matmul_precision_speaks_the_callers_new_tf32_api(caller):
-    # A caller who set TF32 through fp32_precision makes torch raise on a legacy read; the
-    # block must neither raise nor leave the legacy flag written. A subprocess, because the
-    # mix of APIs is process-wide state.
-    code = _NEW_API_SCRIPT.format(caller=caller)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-2000:]
-    if caller == "tf32":  # the case that raised before the block spoke the new API
-        assert done.stdout.split() == ["ok", "True"]
+@pytest.mark.parametrize(
+    "scenario",
+    ["fresh", "legacy_tf32", "legacy_ieee", "global_tf32", "global_ieee", "new_tf32", "new_ieee"],
+)
+def test_matmul_precision_leaves_no_trace_in_either_tf32_api(scenario):
+    # torch >= 2.9 keeps the TF32 flag in two APIs and raises on a legacy read once the new one
+    # was used; the block must restore the value, the inheritance from the global setting and
+    # whether a legacy read works, whichever API the caller used. Subprocesses, because the
+    # flags are process-wide state: the same observations with and without the block.
+    def run(use_block):
+        args = [sys.executable, "-c", _TF32_SCRIPT, scenario, str(int(use_block))]
+        done = subprocess.run(args, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.strip()
+
+    assert run(True) == run(False)
 
 
 # ----- determinism -----

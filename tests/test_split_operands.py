@@ -66,7 +66,8 @@ def test_split_parts_hold_22_bits_inside_float16_range():
 
 @pytest.mark.parametrize("spread", [1e-30, 1e-41])
 def test_split_parts_stay_finite_for_tiny_clouds(device, spread):
-    # 1e-41 put the split scale below float32's smallest subnormal: the parts were x/0 = NaN.
+    # 1e-41 put the split scale below float32's smallest subnormal: the parts were x/0 = NaN
+    # (1e-30 stays above the floor: the control).
     g = torch.Generator().manual_seed(3)
     x = (torch.rand(1, 19, 3, generator=g) * spread).to(device)
     y = (torch.rand(1, 14, 3, generator=g) * spread).to(device)
@@ -75,7 +76,10 @@ def test_split_parts_stay_finite_for_tiny_clouds(device, spread):
     assert bool(torch.isfinite(p.X.xk.float()).all()) and bool(torch.isfinite(p.Y.xk.float()).all())
     out = fs.sinkhorn(x[0], y[0], eps=0.1, n_iters=5, precision="tf32x3", backend="triton")
     ref = fs.sinkhorn(x[0].double(), y[0].double(), eps=0.1, n_iters=5, backend="torch")
+    # The exact value is ~spread²; float32 rounding of the dual objective leaves ~1e-8, so the
+    # comparison only bounds that rounding: finiteness is what is at stake.
     assert torch.isfinite(out.value) and abs(float(out.value) - float(ref.value)) <= 1e-6
+    assert bool(torch.isfinite(out.f).all()) and bool(torch.isfinite(out.g).all())
 
 
 @pytest.mark.parametrize("B,n,m,d", SHAPES)
