@@ -17,7 +17,14 @@ from ...problem import Problem, Side
 from ..torch_ref import matmul_precision
 from . import TritonBackend
 from .dense_grad import CHUNK_ELEMENTS, _k_scores, dense_transport_grad
-from .lse import _DYNAMIC, _partials, _softmin_epilogue, combine_one_side, plan_split
+from .lse import (
+    _DYNAMIC,
+    _online_lse,
+    _partials,
+    _softmin_epilogue,
+    combine_one_side,
+    plan_split,
+)
 
 # Smallest d at which the dense path is chosen by "auto", and the largest K it may allocate.
 DENSE_MIN_D = 256
@@ -74,10 +81,8 @@ def _dense_softmin_kernel(
             K, Csq, Clogw, Cpot, i_b, o_m, o_m64, m_m, start_n, n_cols, s_kb, s_k, s_vcb,
             scale2, inv_eps2, BLOCK_N, TRANSPOSED,
         )  # fmt: skip
-        b_new = tl.maximum(b_max, tl.max(b_z, 1))
-        b_ref = tl.where(b_new == float("-inf"), 0.0, b_new)
-        b_sum = b_sum * tl.exp2(b_max - b_ref) + tl.sum(tl.exp2(b_z - b_ref[:, None]), 1)
-        b_max = b_new
+        b_max, b_alpha, b_ref = _online_lse(b_max, b_sum, b_z)
+        b_sum = b_sum * b_alpha + tl.sum(tl.exp2(b_z - b_ref[:, None]), 1)
     o_vr = i_b * s_vrb + o_m
     if n_split > 1:
         tl.store(Pmax + i_s * s_ps + o_vr, b_max, mask=m_m)

@@ -16,6 +16,7 @@ import triton.language as tl
 from ..._triton_launch import FP_FUSION, cdiv
 from ...problem import Side
 from ..torch_ref import matmul_precision, row_chunks
+from .lse import _online_lse
 
 # (BLOCK_M, BLOCK_N, warps) per orientation (False: x side, K's rows; True: y side, columns):
 # the fastest of bench/dev/dense_grad_probe.py on the H200 at 10k, d = 512 with blocks of 2^26
@@ -66,10 +67,8 @@ def _dense_softmax_fwd_kernel(
             K, Csq, Clogw, Cpot, i_b, o_m, o_m64, m_m, start_n, n_cols, s_kb, s_k, s_vcb,
             scale2, inv_eps2, BLOCK_N, TRANSPOSED,
         )  # fmt: skip
-        b_new = tl.maximum(b_max, tl.max(b_z, 1))
-        b_ref = tl.where(b_new == float("-inf"), 0.0, b_new)
-        b_sum = b_sum * tl.exp2(b_max - b_ref) + tl.sum(tl.exp2(b_z - b_ref[:, None]), 1)
-        b_max = b_new
+        b_max, b_alpha, b_ref = _online_lse(b_max, b_sum, b_z)
+        b_sum = b_sum * b_alpha + tl.sum(tl.exp2(b_z - b_ref[:, None]), 1)
     # A row with no reachable column (every weight zero) has LSE −inf and an all-zero S row.
     b_lse = b_max + tl.log2(b_sum)
     b_sub = tl.where(b_max == float("-inf"), 0.0, b_lse)
