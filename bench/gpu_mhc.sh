@@ -19,7 +19,7 @@ fi
 nvidia-smi -L | tee "$OUT/mhc_gpu_info.txt"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.limit --format=csv | tee -a "$OUT/mhc_gpu_info.txt"
 $PY -c "import torch, triton; print(torch.__version__, triton.__version__)" | tee -a "$OUT/mhc_gpu_info.txt"
-T1=${MHC_TEST_TIMEOUT:-210}
+T1=${MHC_TEST_TIMEOUT:-400}
 TMP=$(mktemp -d)
 pyt() { timeout "$T1" $PY -m pytest -q -p no:cacheprovider -rfE "$@"; }
 # test groups run as separate processes (compile-bound); node ids keep each group small
