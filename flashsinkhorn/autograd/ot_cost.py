@@ -6,8 +6,9 @@ b̂ = Pᵀ 1 its *induced* marginals (paper G.1), so that early-stopped solves g
 gradient of the plan actually computed:
 
 - ∇_x = 2 (diag(â) x − P y), ∇_y = 2 (diag(b̂) y − Pᵀ x): one fused streaming pass per side,
-  never an n × m tensor (after a dense-path solve, row blocks of the stored Gram matrix and a
-  cuBLAS product instead: backends/triton/dense.py). P is translation invariant, so the
+  never an n × m tensor (after a dense-path solve, a kernel writes row blocks of the plan's
+  softmax from the stored Gram matrix and cuBLAS multiplies them by the points instead:
+  backends/triton/dense_grad.py). P is translation invariant, so the
   centred problem gives the gradient of the caller's points;
 - ∇_a = f, ∇_b = g for a balanced problem (the GeomLoss convention; on the simplex the
   derivative is defined up to a constant only);
