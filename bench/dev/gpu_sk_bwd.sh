@@ -18,7 +18,7 @@ if [ "${SK_NCU:-1}" = 1 ] && [ -n "$NCU" ] && [ -f "$OUT/sk_bwd_sweep.json" ]; t
   echo "ncu candidates: $CANDS"
   timeout 200 "$NCU" -k "regex:_sk_small_bwd" \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
-    --section InstructionStats --metrics "regex:smsp__warp_issue_stalled_.*_per_warp_active.pct" \
+    --section InstructionStats --section MemoryWorkloadAnalysis --metrics "regex:smsp__warp_issue_stalled_.*_per_warp_active.pct" \
     python bench/dev/sk_bwd_sweep.py --ncu "$CANDS" >"$OUT/ncu_sk_bwd.txt" 2>&1
-  grep -E "_sk_small_bwd|Duration|Registers Per|Achieved Occ|Issued Warp|Issue Slots|Executed Instructions |stalled_(long|lg|mio|short|barrier|math|wait|drain|no_inst|not_sel|selected|dispatch|imc|branch|sleep|tex|membar)" "$OUT/ncu_sk_bwd.txt" | grep -v " 0$" | head -80
+  grep -E "_sk_small_bwd|Duration|Registers Per|L1/TEX Hit|L2 Hit|Mem Busy|Local Memory|DRAM Throughput|Achieved Occ|Issued Warp|Issue Slots|Executed Instructions |stalled_(long|lg|mio|short|barrier|math|wait|drain|no_inst|not_sel|selected|dispatch|imc|branch|sleep|tex|membar)" "$OUT/ncu_sk_bwd.txt" | grep -v " 0$" | head -160
 fi

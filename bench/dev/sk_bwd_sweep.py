@@ -1,6 +1,7 @@
 """Sweep of the 4×4 projection backward's generator options and launch configurations.
 
-Each candidate is (generator options (keep_a, prefetch, pair, ckpt, ahead, rowsum[, colsum]),
+Each candidate is (generator options (keep_a, prefetch, pair, ckpt, ahead, rowsum[, colsum,
+lm_b, lm_a]),
 launch config (matrices per program, warps[, maxnreg])). For each: registers and spills of the compiled
 kernel, the maximum error against float64 autograd (B = 4099, logits ×3 and ×80), and the
 median time at B = 2^24 (log variant, 20 iterations, fp32).
@@ -23,25 +24,33 @@ import triton.testing
 from flashsinkhorn.mhc import sk_torch, sk_triton
 
 N, T = 4, 20
-BASE = (8, True, False, 2, False, True)  # the session-15 default
 
 
-def _col(keep_a, ckpt=2):
-    """With the column-sum identity (session 23)."""
-    return (keep_a, True, False, ckpt, False, True, True)
+def _col(keep_a, ckpt=2, lm_b=False, lm_a=0, prefetch=True, ahead=False):
+    """With the column-sum identity (session 23); lm_b / lm_a: scaling vectors through per-lane
+    local memory instead of recomputed (session 24)."""
+    return (keep_a, prefetch, False, ckpt, ahead, True, True, lm_b, lm_a)
 
 
 CANDS = [
-    # Session 23, call 4: the column-sum identity around the new default keep_a 9. Calls 2-3
-    # (bench/results/dev/s23b, s23c) also timed a pipelined persistent backward, removed after
-    # them (code at 6ca0057); sessions 15/16: sk_bwd_sweep_h200_s1{5,6}*.
-    # Launch config: (matrices per program, warps[, maxnreg]).
-    (BASE, (64, 2, 128)),
-    (_col(8), (64, 2, 128)),
-    (_col(9), (64, 2, 128)),
-    (_col(10), (64, 2, 128)),
-    (_col(11), (64, 2, 128)),
-    (_col(9), (128, 4, 128)),
+    # Session 24: the scaling vectors that are not kept in registers go through per-lane local
+    # memory (L1) instead of being recomputed. Local bytes per lane = 16 × slots.
+    # Session 23 (colsum, keep_a 9): bench/results/dev/s23{b..e}; sessions 15/16:
+    # sk_bwd_sweep_h200_s1{5,6}*. Launch config: (matrices per program, warps[, maxnreg]).
+    (_col(9), (64, 2, 128)),  # the session-23 default
+    (_col(9, lm_b=True), (64, 2, 128)),  # 10 slots
+    (_col(11, lm_b=True), (64, 2, 128)),  # 10
+    (_col(9, lm_b=True, lm_a=4), (64, 2, 128)),  # 14
+    (_col(9, lm_b=True, lm_a=6), (64, 2, 128)),  # 16
+    (_col(9, lm_b=True, lm_a=10), (64, 2, 128)),  # 20: no recompute
+    (_col(9, 4, lm_b=True, lm_a=4), (64, 2, 128)),  # 19
+    (_col(12, 20, lm_b=True, lm_a=7), (64, 2, 128)),  # 26: no recompute
+    (_col(6, 4, lm_b=True, lm_a=10, prefetch=False), (64, 2, 104)),  # 25, 18 warps/SM
+    (_col(0, 20, lm_b=True, lm_a=19, prefetch=False), (64, 2, 64)),  # 38, 32 warps/SM
+    (_col(0, 20, lm_b=True, lm_a=19, prefetch=False), (64, 2, 96)),  # 38, 20 warps/SM
+    (_col(0, 20, lm_b=True, lm_a=19, prefetch=False), (64, 2, 128)),  # 38, 16 warps/SM
+    (_col(9, lm_b=True, lm_a=6, prefetch=False, ahead=True), (64, 2, 128)),  # 16
+    (_col(9, lm_b=True, lm_a=4), (128, 4, 128)),  # 14
 ]
 
 

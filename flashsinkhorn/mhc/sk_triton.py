@@ -261,6 +261,8 @@ def _gen_small(
     ahead: bool = False,
     rowsum: bool = False,
     colsum: bool = False,
+    lm_b: bool = False,
+    lm_a: int = 0,
 ) -> str:
     """Kernel source for (n, n_iters, variant).
 
@@ -277,6 +279,12 @@ def _gen_small(
     colsum (log variant, with rowsum): also drop the last row; dM's column sums are
     B_0 ⊙ (adjoint of B_0), known after the reverse pass (docs/mhc.md, "Backward"), so
     (n−1)² entries are accumulated.
+    lm_b (log variant): the column scalings that ckpt does not keep in registers are stored to
+    per-lane local memory in the forward and loaded in the reverse pass instead of recomputed.
+    lm_a (log variant): the same for the row scalings of the lm_a rounds below the keep_a kept
+    ones. Local memory is per lane and stays in L1 (as ptxas's own spills do); with both
+    options the backward needs one matrix per lane per program (BLOCK = 32 · num_warps), and
+    they only take effect on the GPU (FAST): the interpreter keeps the values live instead.
     """
     log = variant == "log"
     R = range(n)
@@ -323,11 +331,16 @@ def _gen_small(
     # P unchanged), so the last column of the accumulator is not kept: z_{i,n-1} = −Σ_{j<n-1} z_ij.
     cols = range(n - 1) if (log and rowsum and n > 1) else R
     rows = range(n - 1) if (log and rowsum and colsum and n > 1) else R
-    rev = dict(keep_a=keep_a, ckpt=ckpt if log else 1, ahead=ahead, pair=pair, cols=cols, rows=rows)
+    lm = _lm_slots(n_iters, keep_a, ckpt, lm_b, lm_a) if log else {}
+    rev = dict(
+        keep_a=keep_a, ckpt=ckpt if log else 1, ahead=ahead, pair=pair, cols=cols, rows=rows, lm=lm
+    )
+    if lm:
+        _emit_lm_decl(s, 16 * len(lm))
     for i in R:
         s(f"B0_{i} = b{i}")
         s(f"A0_{i} = a{i}")
-    _emit_fwd_rounds(s, n, log, n_iters, pair)
+    _emit_fwd_rounds(s, n, log, n_iters, pair, lm)
     if not prefetch:
         _emit_load(s, n, "p_g", "d")
     _emit_bwd_init(s, n, n_iters, cols, rows)
@@ -353,13 +366,18 @@ def _gen_small(
     return "\n".join(s.lines) + "\n"
 
 
-def _emit_fwd_rounds(s: _Src, n: int, log: bool, T: int, pair: bool):
-    """Rounds 1..T from (A0_, B0_), keeping A{k}_, B{k}_ as named registers."""
+def _emit_fwd_rounds(s: _Src, n: int, log: bool, T: int, pair: bool, lm: dict):
+    """Rounds 1..T from (A0_, B0_), keeping A{k}_, B{k}_ as named registers (and storing those
+    named in lm to local memory)."""
     R = range(n)
     if log:
         for k in range(1, T + 1):
             _emit_row(s, n, log, f"A{k - 1}_", f"B{k - 1}_", f"A{k}_", pair=pair)
+            if f"A{k}_" in lm:
+                _emit_lm_put(s, n, f"A{k}_", lm[f"A{k}_"])
             _emit_col(s, n, log, f"A{k}_", f"B{k - 1}_", f"B{k}_", pair=pair)
+            if f"B{k}_" in lm:
+                _emit_lm_put(s, n, f"B{k}_", lm[f"B{k}_"])
     else:
         # round 1 is the column step alone (a stays 1)
         for i in R:
@@ -368,6 +386,65 @@ def _emit_fwd_rounds(s: _Src, n: int, log: bool, T: int, pair: bool):
         for k in range(2, T + 1):
             _emit_row(s, n, log, f"A{k - 1}_", f"B{k - 1}_", f"A{k}_", pair=pair)
             _emit_col(s, n, log, f"A{k}_", f"B{k - 1}_", f"B{k}_", pair=pair)
+
+
+def _lm_slots(T: int, keep_a: int, ckpt: int, lm_b: bool, lm_a: int) -> dict:
+    """{vector name: 16-byte slot} of the scaling vectors that go through local memory."""
+    names = []
+    if lm_b:
+        names += [f"B{k}_" for k in range(1, T) if k % ckpt]
+    lo = max(1, T - keep_a - lm_a)
+    names += [f"A{k}_" for k in range(lo, T - keep_a)]
+    return {name: q for q, name in enumerate(names)}
+
+
+# Per-lane local memory through inline PTX: Triton has no local arrays. The declaration sits at
+# the kernel's top scope, so the later asm statements can name it; ld/st are volatile so that
+# ptxas keeps them in memory instead of promoting them back to registers. Every asm statement
+# runs once per lane only when each lane holds one matrix (BLOCK = 32 · num_warps).
+def _emit_lm_decl(s: _Src, nbytes: int):
+    s("if FAST:")
+    s(
+        f'lm_tok = tl.inline_asm_elementwise(".local .align 16 .b8 fs_lm[{nbytes}];\\n'
+        'mov.b32 $0, 0;", "=r,r", [m_b.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)',
+        2,
+    )
+
+
+def _lm_pieces(n: int):
+    """(first entry, width) of the vector accesses that cover n floats of a 16-byte slot."""
+    return [(0, 4)] if n == 4 else [(0, 2)] if n == 2 else [(0, 2), (2, 1)] if n == 3 else [(0, 1)]
+
+
+def _emit_lm_put(s: _Src, n: int, vec: str, slot: int):
+    s("if FAST:")
+    for j0, w in _lm_pieces(n):
+        v = "" if w == 1 else f".v{w}"
+        regs = ", ".join(f"${t + 1}" for t in range(w))
+        regs = regs if w == 1 else "{" + regs + "}"
+        args = ", ".join(f"{vec}{j0 + t}" for t in range(w))
+        s(
+            f'tl.inline_asm_elementwise("st.volatile.local{v}.f32 [fs_lm+{16 * slot + 4 * j0}], '
+            f'{regs};\\nmov.b32 $0, 0;", "=r{",f" * w}", [{args}], dtype=tl.int32, '
+            "is_pure=False, pack=1)",
+            2,
+        )
+
+
+def _emit_lm_get(s: _Src, n: int, vec: str, slot: int):
+    s("if FAST:")
+    for j0, w in _lm_pieces(n):
+        v = "" if w == 1 else f".v{w}"
+        regs = ", ".join(f"${t}" for t in range(w))
+        regs = regs if w == 1 else "{" + regs + "}"
+        outs = ", ".join(f"{vec}{j0 + t}" for t in range(w))
+        dt = "tl.float32" if w == 1 else f"({', '.join(['tl.float32'] * w)})"
+        s(
+            f'{outs} = tl.inline_asm_elementwise("ld.volatile.local{v}.f32 {regs}, '
+            f'[fs_lm+{16 * slot + 4 * j0}];", "{",".join(["=f"] * w)},r", [lm_tok], dtype={dt}, '
+            "is_pure=False, pack=1)",
+            2,
+        )
 
 
 def _emit_bwd_init(s: _Src, n: int, T: int, cols, rows):
@@ -392,6 +469,7 @@ def _emit_reverse(
     pair: bool,
     cols,
     rows,
+    lm: dict,
 ):
     """Reverse pass through rounds T..1 of _emit_fwd_rounds, accumulating y (the adjoint of A)
     and carrying da, db. Round k needs A_k, B_k and B_{k-1}. With ckpt > 1 (log variant) only
@@ -407,6 +485,10 @@ def _emit_reverse(
     def ensure_a(k):
         if k in have_a:
             return
+        if f"A{k}_" in lm:
+            _emit_lm_get(s, n, f"A{k}_", lm[f"A{k}_"])
+            have_a.add(k)
+            return
         ensure_b(k - 1)
         # Recompute A_k = 1/(A B_{k-1}) rather than keeping it live since the forward.
         _emit_row(s, n, log, "", bname[k - 1], f"A{k}_", rcp="_rcp_nc", pair=pair)
@@ -414,6 +496,11 @@ def _emit_reverse(
 
     def ensure_b(k):
         if k in have_b:
+            return
+        if f"B{k}_" in lm:
+            _emit_lm_get(s, n, f"B{k}_", lm[f"B{k}_"])
+            bname[k] = f"B{k}_"
+            have_b.add(k)
             return
         ensure_a(k)
         # (log variant only: the column step does not read the previous B)
@@ -720,6 +807,9 @@ def sk_backward_triton(
         cfg = SMALL_CONFIG["bwd" if variant == "log" else "bwd_deepseek"]
         block, kw = _launch_cfg(cfg, m)
         fast = m.is_cuda and not _interpreting()
+        if variant == "log" and any(SMALL_BWD_OPTS[7:9]) and block != 32 * kw["num_warps"]:
+            # the local-memory asm addresses one slot set per lane (see _emit_lm_decl)
+            raise RuntimeError(f"SMALL_CONFIG['bwd'] = {cfg} needs BLOCK = 32 * num_warps")
         bwd[(cdiv(bsz, block),)](m, grad, out, bsz, eps, BLOCK=block, FAST=fast, **kw, **FP_FUSION)
         return out
     first, n_half, np_, warps = _gen_meta(n, n_iters, variant)

@@ -205,6 +205,9 @@ def test_triton_small_path_large_logits(device, variant):
         (20, True, False, 4, False, True),
         (9, True, False, 2, False, True, True),
         (0, False, False, 3, True, True, True),
+        (9, True, False, 2, False, True, True, True, 4),
+        (0, False, False, 20, True, True, True, True, 19),
+        (6, True, False, 4, False, True, True, False, 3),
     ],
 )
 def test_triton_small_path_generator_options(device, monkeypatch, opts):
@@ -212,7 +215,8 @@ def test_triton_small_path_generator_options(device, monkeypatch, opts):
     # rounds, every ckpt-th column scaling kept and the others recomputed, the recomputation
     # issued a round ahead), the late load of the upstream gradient, the paired reciprocals and
     # the last gradient column taken from the zero row sums, the last row from the known
-    # column sums must not change the result
+    # column sums, and the scaling vectors stored to local memory instead of recomputed must
+    # not change the result
     monkeypatch.setattr(sk_triton, "SMALL_BWD_OPTS", opts)
     _check_triton(device, 4, "log", 53, 20, 80.0, "small")
     _check_triton(device, 4, "deepseek", 29, 20, 80.0, "small")
