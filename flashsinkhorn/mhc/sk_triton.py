@@ -399,14 +399,21 @@ def _lm_slots(T: int, keep_a: int, ckpt: int, lm_b: bool, lm_a: int) -> dict:
 
 
 # Per-lane local memory through inline PTX: Triton has no local arrays. The declaration sits at
-# the kernel's top scope, so the later asm statements can name it; ld/st are volatile so that
-# ptxas keeps them in memory instead of promoting them back to registers. Every asm statement
-# runs once per lane only when each lane holds one matrix (BLOCK = 32 · num_warps).
+# the kernel's top scope, so that the later asm statements can name it. ptxas would promote a
+# local array with known addresses back to registers (and spill), and forward a stored value
+# to a load of the same address; `volatile` prevents both but older ptxas (CUDA 12.x) rejects
+# it on .local. So stores and loads go through two base registers, fs_lm + z and fs_lm + 2z,
+# with z = min(n_mat, 0) = 0 at run time but unknown to ptxas: it must keep every access and
+# may not forward across them. Every asm statement runs once per lane only when each lane
+# holds one matrix (BLOCK = 32 · num_warps).
 def _emit_lm_decl(s: _Src, nbytes: int):
     s("if FAST:")
     s(
-        f'lm_tok = tl.inline_asm_elementwise(".local .align 16 .b8 fs_lm[{nbytes}];\\n'
-        'mov.b32 $0, 0;", "=r,r", [m_b.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)',
+        f'lm_st, lm_ld = tl.inline_asm_elementwise(".local .align 16 .b8 fs_lm[{nbytes}];\\n'
+        "{ .reg .s32 z; min.s32 z, $2, 0; mov.u32 $0, fs_lm; add.s32 $0, $0, z; "
+        'shl.b32 z, z, 1; mov.u32 $1, fs_lm; add.s32 $1, $1, z; }", "=r,=r,r", '
+        "[tl.zeros((BLOCK,), tl.int32) + n_mat], dtype=(tl.int32, tl.int32), is_pure=False, "
+        "pack=1)",
         2,
     )
 
@@ -420,12 +427,12 @@ def _emit_lm_put(s: _Src, n: int, vec: str, slot: int):
     s("if FAST:")
     for j0, w in _lm_pieces(n):
         v = "" if w == 1 else f".v{w}"
-        regs = ", ".join(f"${t + 1}" for t in range(w))
+        regs = ", ".join(f"${t + 2}" for t in range(w))
         regs = regs if w == 1 else "{" + regs + "}"
         args = ", ".join(f"{vec}{j0 + t}" for t in range(w))
         s(
-            f'tl.inline_asm_elementwise("st.volatile.local{v}.f32 [fs_lm+{16 * slot + 4 * j0}], '
-            f'{regs};\\nmov.b32 $0, 0;", "=r{",f" * w}", [{args}], dtype=tl.int32, '
+            f'tl.inline_asm_elementwise("st.local{v}.f32 [$1+{16 * slot + 4 * j0}], '
+            f'{regs};\\nmov.b32 $0, 0;", "=r,r{",f" * w}", [lm_st, {args}], dtype=tl.int32, '
             "is_pure=False, pack=1)",
             2,
         )
@@ -440,8 +447,8 @@ def _emit_lm_get(s: _Src, n: int, vec: str, slot: int):
         outs = ", ".join(f"{vec}{j0 + t}" for t in range(w))
         dt = "tl.float32" if w == 1 else f"({', '.join(['tl.float32'] * w)})"
         s(
-            f'{outs} = tl.inline_asm_elementwise("ld.volatile.local{v}.f32 {regs}, '
-            f'[fs_lm+{16 * slot + 4 * j0}];", "{",".join(["=f"] * w)},r", [lm_tok], dtype={dt}, '
+            f'{outs} = tl.inline_asm_elementwise("ld.local{v}.f32 {regs}, '
+            f'[${w}+{16 * slot + 4 * j0}];", "{",".join(["=f"] * w)},r", [lm_ld], dtype={dt}, '
             "is_pure=False, pack=1)",
             2,
         )
