@@ -1,7 +1,7 @@
 """Sweep of the 4×4 projection backward's generator options and launch configurations.
 
 Each candidate is (generator options (keep_a, prefetch, pair, ckpt, ahead, rowsum[, colsum,
-lm_b, lm_a]),
+lm_b, lm_a, l2_ahead]),
 launch config (matrices per program, warps[, maxnreg])). For each: registers and spills of the compiled
 kernel, the maximum error against float64 autograd (B = 4099, logits ×3 and ×80), and the
 median time at B = 2^24 (log variant, 20 iterations, fp32).
@@ -26,32 +26,29 @@ from flashsinkhorn.mhc import sk_torch, sk_triton
 N, T = 4, 20
 
 
-def _col(keep_a, ckpt=2, lm_b=False, lm_a=0, prefetch=True, ahead=False):
+def _col(keep_a, ckpt=2, lm_b=False, lm_a=0, prefetch=True, ahead=False, l2=0):
     """With the column-sum identity (session 23); lm_b / lm_a: scaling vectors through per-lane
     local memory instead of recomputed (session 24)."""
-    return (keep_a, prefetch, False, ckpt, ahead, True, True, lm_b, lm_a)
+    return (keep_a, prefetch, False, ckpt, ahead, True, True, lm_b, lm_a, l2)
 
 
 CANDS = [
-    # Session 24: the scaling vectors that are not kept in registers go through per-lane local
-    # memory (L1) instead of being recomputed. Local bytes per lane = 16 × slots. Call 2
-    # (bench/results/dev/s24a) timed them with the driver's default L1/shared split; this call
-    # adds the carveout (4th launch entry, % of the maximum shared memory; 0 = largest L1).
+    # Session 24. Call 2 (bench/results/dev/s24a): scaling vectors through per-lane local
+    # memory instead of recomputed (local bytes per lane = 16 × slots): fewer instructions,
+    # same time at full clocks. Call 3 (s24b): the L1/shared carveout changes nothing (-1 and 0
+    # equal). This call: an L2 prefetch of the inputs of the program l2_ahead programs on
+    # (resident programs: 132 SMs × 8 for (64, 2, 128)).
     # Session 23 (colsum, keep_a 9): bench/results/dev/s23{b..e}; sessions 15/16:
     # sk_bwd_sweep_h200_s1{5,6}*. Launch config: (matrices per program, warps[, maxnreg[,
     # carveout]]).
     (_col(9), (64, 2, 128)),  # the session-23 default
-    (_col(9), (64, 2, 128, 0)),
-    (_col(9, lm_b=True), (64, 2, 128)),  # 10 slots
-    (_col(9, lm_b=True), (64, 2, 128, 0)),
-    (_col(9, lm_b=True, lm_a=6), (64, 2, 128, 0)),  # 16
-    (_col(9, lm_b=True, lm_a=10), (64, 2, 128, 0)),  # 20: no recompute
-    (_col(9, 4, lm_b=True, lm_a=4), (64, 2, 128, 0)),  # 19
-    (_col(12, 20, lm_b=True, lm_a=7), (64, 2, 128, 0)),  # 26: no recompute
-    (_col(0, 20, lm_b=True, lm_a=19, prefetch=False), (64, 2, 128, 0)),  # 38
-    (_col(6, lm_b=True, prefetch=False), (64, 2, 112, 0)),  # 10, 18 warps/SM
-    (_col(4, lm_b=True, prefetch=False), (64, 2, 96, 0)),  # 10, 20 warps/SM
-    (_col(9), (64, 2, 128, 100)),  # smallest L1
+    (_col(9, l2=1056), (64, 2, 128)),
+    (_col(9, l2=2112), (64, 2, 128)),
+    (_col(9, l2=528), (64, 2, 128)),
+    (_col(9, lm_b=True, l2=1056), (64, 2, 128)),
+    (_col(9, lm_b=True, lm_a=6, l2=1056), (64, 2, 128)),
+    (_col(6, lm_b=True, prefetch=False, l2=1188), (64, 2, 112)),
+    (_col(9, l2=528), (128, 4, 128)),
 ]
 
 

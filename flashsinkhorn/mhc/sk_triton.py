@@ -263,6 +263,7 @@ def _gen_small(
     colsum: bool = False,
     lm_b: bool = False,
     lm_a: int = 0,
+    l2_ahead: int = 0,
 ) -> str:
     """Kernel source for (n, n_iters, variant).
 
@@ -285,6 +286,9 @@ def _gen_small(
     ones. Local memory is per lane and stays in L1 (as ptxas's own spills do); with both
     options the backward needs one matrix per lane per program (BLOCK = 32 · num_warps), and
     they only take effect on the GPU (FAST): the interpreter keeps the values live instead.
+    l2_ahead: the backward first prefetches into L2 the logits and upstream gradient of the
+    program l2_ahead programs further on (FAST only), so that a program's first loads hit L2
+    instead of waiting for DRAM.
     """
     log = variant == "log"
     R = range(n)
@@ -323,6 +327,8 @@ def _gen_small(
     s("i_p = tl.program_id(0)")
     s("o_b = i_p.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)")
     s("m_b = o_b < n_mat")
+    if l2_ahead:
+        _emit_l2_prefetch(s, n, l2_ahead)
     _emit_load(s, n, "p_x", "m")
     if prefetch:
         _emit_load(s, n, "p_g", "d")
@@ -386,6 +392,17 @@ def _emit_fwd_rounds(s: _Src, n: int, log: bool, T: int, pair: bool, lm: dict):
         for k in range(2, T + 1):
             _emit_row(s, n, log, f"A{k - 1}_", f"B{k - 1}_", f"A{k}_", pair=pair)
             _emit_col(s, n, log, f"A{k}_", f"B{k - 1}_", f"B{k}_", pair=pair)
+
+
+def _emit_l2_prefetch(s: _Src, n: int, ahead: int):
+    s("if FAST:")
+    s(f"o_pf = tl.minimum(o_b + {ahead} * BLOCK, n_mat - 1) * {n * n}", 2)
+    for ptr in ("p_x", "p_g"):
+        s(
+            'tl.inline_asm_elementwise("prefetch.global.L2 [$1];\\nmov.b32 $0, 0;", "=r,l", '
+            f"[({ptr} + o_pf).to(tl.int64, bitcast=True)], dtype=tl.int32, is_pure=False, pack=1)",
+            2,
+        )
 
 
 def _lm_slots(T: int, keep_a: int, ckpt: int, lm_b: bool, lm_a: int) -> dict:
