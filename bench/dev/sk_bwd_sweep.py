@@ -1,7 +1,7 @@
 """Sweep of the 4×4 projection backward's generator options and launch configurations.
 
 Each candidate is (generator options (keep_a, prefetch, pair, ckpt, ahead, rowsum[, colsum,
-lm_b, lm_a, l2_ahead]),
+lm_b, lm_a, l2_ahead, loop]),
 launch config (matrices per program, warps[, maxnreg])). For each: registers and spills of the compiled
 kernel, the maximum error against float64 autograd (B = 4099, logits ×3 and ×80), and the
 median time at B = 2^24 (log variant, 20 iterations, fp32).
@@ -26,29 +26,29 @@ from flashsinkhorn.mhc import sk_torch, sk_triton
 N, T = 4, 20
 
 
-def _col(keep_a, ckpt=2, lm_b=False, lm_a=0, prefetch=True, ahead=False, l2=0):
+def _col(keep_a, ckpt=2, lm_b=False, lm_a=0, prefetch=True, ahead=False, l2=0, loop=0):
     """With the column-sum identity (session 23); lm_b / lm_a: scaling vectors through per-lane
     local memory instead of recomputed (session 24)."""
-    return (keep_a, prefetch, False, ckpt, ahead, True, True, lm_b, lm_a, l2)
+    return (keep_a, prefetch, False, ckpt, ahead, True, True, lm_b, lm_a, l2, loop)
 
 
 CANDS = [
     # Session 24. Call 2 (bench/results/dev/s24a): scaling vectors through per-lane local
     # memory instead of recomputed (local bytes per lane = 16 × slots): fewer instructions,
     # same time at full clocks. Call 3 (s24b): the L1/shared carveout changes nothing (-1 and 0
-    # equal). This call: an L2 prefetch of the inputs of the program l2_ahead programs on
-    # (resident programs: 132 SMs × 8 for (64, 2, 128)).
+    # equal). Call 4 (s24c): an L2 prefetch of a later program's inputs is slower (2.15-2.22).
+    # This call: the backward as two rolled loops with the history in shared memory (loop).
     # Session 23 (colsum, keep_a 9): bench/results/dev/s23{b..e}; sessions 15/16:
     # sk_bwd_sweep_h200_s1{5,6}*. Launch config: (matrices per program, warps[, maxnreg[,
     # carveout]]).
     (_col(9), (64, 2, 128)),  # the session-23 default
-    (_col(9, l2=1056), (64, 2, 128)),
-    (_col(9, l2=2112), (64, 2, 128)),
-    (_col(9, l2=528), (64, 2, 128)),
-    (_col(9, lm_b=True, l2=1056), (64, 2, 128)),
-    (_col(9, lm_b=True, lm_a=6, l2=1056), (64, 2, 128)),
-    (_col(6, lm_b=True, prefetch=False, l2=1188), (64, 2, 112)),
-    (_col(9, l2=528), (128, 4, 128)),
+    (_col(9, loop=1), (64, 2)),  # 20 KB shared per program
+    (_col(9, loop=1), (32, 1)),
+    (_col(9, loop=1, prefetch=False), (64, 2)),
+    (_col(9, loop=1), (128, 4)),
+    (_col(9, loop=2), (64, 2)),  # 40 KB
+    (_col(9, loop=2), (32, 1)),
+    (_col(9, lm_b=True), (64, 2, 128)),  # call 2: 2.083 ms
 ]
 
 

@@ -264,6 +264,7 @@ def _gen_small(
     lm_b: bool = False,
     lm_a: int = 0,
     l2_ahead: int = 0,
+    loop: int = 0,
 ) -> str:
     """Kernel source for (n, n_iters, variant).
 
@@ -289,6 +290,11 @@ def _gen_small(
     l2_ahead: the backward first prefetches into L2 the logits and upstream gradient of the
     program l2_ahead programs further on (FAST only), so that a program's first loads hit L2
     instead of waiting for DRAM.
+    loop (log variant, FAST): the backward as two rolled loops (forward, reverse) with the
+    scaling vectors in per-lane shared memory: loop = 1 stores B_k and recomputes A_k in the
+    reverse pass, loop = 2 stores both. The kernel is a few hundred instructions instead of
+    ~2,800 (instruction-cache stalls), at 16·T·BLOCK (or twice that) bytes of shared memory per
+    program. keep_a, ckpt, lm_*, ahead do not apply.
     """
     log = variant == "log"
     R = range(n)
@@ -346,11 +352,14 @@ def _gen_small(
     for i in R:
         s(f"B0_{i} = b{i}")
         s(f"A0_{i} = a{i}")
-    _emit_fwd_rounds(s, n, log, n_iters, pair, lm)
-    if not prefetch:
-        _emit_load(s, n, "p_g", "d")
-    _emit_bwd_init(s, n, n_iters, cols, rows)
-    _emit_reverse(s, n, log, n_iters, **rev)
+    if log and loop:
+        _emit_bwd_looped(s, n, n_iters, loop, prefetch, rows, cols)
+    else:
+        _emit_fwd_rounds(s, n, log, n_iters, pair, lm)
+        if not prefetch:
+            _emit_load(s, n, "p_g", "d")
+        _emit_bwd_init(s, n, n_iters, cols, rows)
+        _emit_reverse(s, n, log, n_iters, **rev)
     if log:
         # A = exp(M − f − g) with the shifts held constant (P does not depend on them).
         for i, j in itertools.product(rows, cols):
@@ -392,6 +401,122 @@ def _emit_fwd_rounds(s: _Src, n: int, log: bool, T: int, pair: bool, lm: dict):
         for k in range(2, T + 1):
             _emit_row(s, n, log, f"A{k - 1}_", f"B{k - 1}_", f"A{k}_", pair=pair)
             _emit_col(s, n, log, f"A{k}_", f"B{k - 1}_", f"B{k}_", pair=pair)
+
+
+def _emit_bwd_looped(s: _Src, n: int, T: int, loop: int, prefetch: bool, rows, cols):
+    """Forward and reverse passes of the log variant as rolled loops; the scaling vectors go
+    through per-lane shared memory (slot k: B_k, slot T + k − 1: A_k with loop = 2)."""
+    R = range(n)
+    n_slots = T * loop
+    _emit_sh_decl(s, n_slots)
+    for i in R:
+        s(f"Af_{i} = a{i}")
+        s(f"Bf_{i} = b{i}")
+    s(f"for k in tl.range(0, {T}, loop_unroll_factor=1):")
+    _emit_sh_put(s, n, "Bf_", "k")
+    _emit_row(s, n, True, "", "Bf_", "Af_", 2)
+    if loop == 2:
+        _emit_sh_put(s, n, "Af_", f"{T} + k")
+    _emit_col(s, n, True, "Af_", "", "Bf_", 2)
+    for i in R:
+        s(f"A{T}_{i} = Af_{i}")
+        s(f"B{T}_{i} = Bf_{i}")
+    if not prefetch:
+        _emit_load(s, n, "p_g", "d")
+    _emit_bwd_init(s, n, T, cols, rows)
+    for i in R:
+        s(f"Bk_{i} = Bf_{i}")
+    s(f"for r in tl.range(0, {T}, loop_unroll_factor=1):")
+    # round k = T − r needs A_k, B_k (carried) and B_{k−1}
+    _emit_sh_get(s, n, "Bp_", f"{T - 1} - r")
+    if loop == 2:
+        _emit_sh_get(s, n, "Ak_", f"{2 * T - 1} - r")
+    else:
+        _emit_row(s, n, True, "", "Bp_", "Ak_", 2)
+    _emit_rev_round_log(s, n, "Ak_", "Bk_", "Bp_", rows, cols, 2)
+    for i in R:
+        s(f"Bk_{i} = Bp_{i}", 2)
+
+
+def _emit_rev_round_log(s: _Src, n: int, ak: str, bk: str, bp: str, rows, cols, indent: int):
+    """One reverse round of the log variant: adjoints of B_k = 1/(Aᵀ A_k) and
+    A_k = 1/(A B_{k−1}) from db, accumulating y; leaves the adjoint of B_{k−1} in db."""
+    R = range(n)
+    for j in R:
+        s(f"dc{j} = -db{j} * {bk}{j} * {bk}{j}", indent)
+    for i, j in itertools.product(rows, cols):
+        s(f"y{i}{j} += {ak}{i} * dc{j}", indent)
+    for i in R:
+        s(f"da{i} += " + " + ".join(f"x{i}{j} * dc{j}" for j in R), indent)
+    for i in R:
+        s(f"dr{i} = -da{i} * {ak}{i} * {ak}{i}", indent)
+        s(f"da{i} = tl.zeros((BLOCK,), tl.float32)", indent)
+    for i, j in itertools.product(rows, cols):
+        s(f"y{i}{j} += dr{i} * {bp}{j}", indent)
+    for j in R:
+        s(f"db{j} = " + " + ".join(f"x{i}{j} * dr{i}" for i in R), indent)
+
+
+# Per-lane shared memory for the looped backward, declared in inline PTX (Triton gives a kernel
+# no addressable shared memory). Lane t's slot q is at fs_sh + 16·(q·BLOCK + t): a warp's
+# 16-byte accesses to one slot are contiguous (no bank conflicts). Volatile, so that ptxas
+# keeps every access. The interpreter keeps the slots in [BLOCK, S] tiles instead.
+def _emit_sh_decl(s: _Src, n_slots: int):
+    # the asm text is a literal, so the array size is spelled out for each BLOCK
+    s("if FAST:")
+    s("tl.static_assert(BLOCK <= 128)", 2)
+    for k, block in enumerate((32, 64, 128)):
+        s(f"{'if' if k == 0 else 'elif'} BLOCK == {block}:", 2)
+        s(
+            f'sh = tl.inline_asm_elementwise(".shared .align 16 .b8 fs_sh[{16 * n_slots * block}];'
+            "\\n{ .reg .u32 t; mov.u32 t, %tid.x; shl.b32 t, t, 4; mov.u32 $0, fs_sh; "
+            'add.u32 $0, $0, t; }", "=r,r", [m_b.to(tl.int32)], dtype=tl.int32, '
+            "is_pure=False, pack=1)",
+            3,
+        )
+    s("else:")
+    s(f"o_h = tl.arange(0, {next_pow2(n_slots)})", 2)
+    for t in range(4):
+        s(f"h{t} = tl.zeros((BLOCK, {next_pow2(n_slots)}), tl.float32)", 2)
+
+
+def _emit_sh_put(s: _Src, n: int, vec: str, slot: str):
+    s("if FAST:", 2)
+    for j0, w in _lm_pieces(n):
+        v = "" if w == 1 else f".v{w}"
+        regs = ", ".join(f"${t + 2}" for t in range(w))
+        regs = regs if w == 1 else "{" + regs + "}"
+        args = ", ".join(f"{vec}{j0 + t}" for t in range(w))
+        s(
+            f'tl.inline_asm_elementwise("st.volatile.shared{v}.f32 [$1+{4 * j0}], {regs};\\n'
+            f'mov.b32 $0, 0;", "=r,r{",f" * w}", [sh + ({slot}) * (16 * BLOCK), {args}], '
+            "dtype=tl.int32, is_pure=False, pack=1)",
+            3,
+        )
+    s("else:", 2)
+    s(f"sel = (o_h == ({slot}))[None, :]", 3)
+    for j in range(n):
+        s(f"h{j} = tl.where(sel, {vec}{j}[:, None], h{j})", 3)
+
+
+def _emit_sh_get(s: _Src, n: int, vec: str, slot: str):
+    s("if FAST:", 2)
+    for j0, w in _lm_pieces(n):
+        v = "" if w == 1 else f".v{w}"
+        regs = ", ".join(f"${t}" for t in range(w))
+        regs = regs if w == 1 else "{" + regs + "}"
+        outs = ", ".join(f"{vec}{j0 + t}" for t in range(w))
+        dt = "tl.float32" if w == 1 else f"({', '.join(['tl.float32'] * w)})"
+        s(
+            f'{outs} = tl.inline_asm_elementwise("ld.volatile.shared{v}.f32 {regs}, '
+            f'[${w}+{4 * j0}];", "{",".join(["=f"] * w)},r", [sh + ({slot}) * (16 * BLOCK)], '
+            f"dtype={dt}, is_pure=False, pack=1)",
+            3,
+        )
+    s("else:", 2)
+    s(f"sel = (o_h == ({slot}))[None, :]", 3)
+    for j in range(n):
+        s(f"{vec}{j} = tl.sum(tl.where(sel, h{j}, 0.0), 1)", 3)
 
 
 def _emit_l2_prefetch(s: _Src, n: int, ahead: int):
