@@ -290,11 +290,11 @@ def _gen_small(
     l2_ahead: the backward first prefetches into L2 the logits and upstream gradient of the
     program l2_ahead programs further on (FAST only), so that a program's first loads hit L2
     instead of waiting for DRAM.
-    loop (log variant, FAST): the backward as two rolled loops (forward, reverse) with the
-    scaling vectors in per-lane shared memory: loop = 1 stores B_k and recomputes A_k in the
-    reverse pass, loop = 2 stores both. The kernel is a few hundred instructions instead of
-    ~2,800 (instruction-cache stalls), at 16·T·BLOCK (or twice that) bytes of shared memory per
-    program. keep_a, ckpt, lm_*, ahead do not apply.
+    loop (log variant): rounds 1..L (L = min(loop, n_iters − 1)) of the backward run as two
+    rolled loops (forward, then reverse) whose scaling vectors A_k, B_k go through per-lane
+    shared memory (32·L bytes per lane); the remaining rounds are unrolled with their vectors in
+    registers as above (keep_a and ckpt apply to them). Trades the ~2,800-instruction
+    straight-line kernel (instruction-cache stalls) and the recomputation for shared memory.
     """
     log = variant == "log"
     R = range(n)
@@ -352,14 +352,17 @@ def _gen_small(
     for i in R:
         s(f"B0_{i} = b{i}")
         s(f"A0_{i} = a{i}")
-    if log and loop:
-        _emit_bwd_looped(s, n, n_iters, loop, prefetch, rows, cols)
-    else:
-        _emit_fwd_rounds(s, n, log, n_iters, pair, lm)
-        if not prefetch:
-            _emit_load(s, n, "p_g", "d")
-        _emit_bwd_init(s, n, n_iters, cols, rows)
-        _emit_reverse(s, n, log, n_iters, **rev)
+    n_loop = min(loop, n_iters - 1) if log else 0
+    if n_loop > 0:
+        _emit_sh_decl(s, 2 * n_loop)
+        _emit_fwd_loop(s, n, n_loop)
+    _emit_fwd_rounds(s, n, log, n_iters, pair, lm, start=n_loop + 1)
+    if not prefetch:
+        _emit_load(s, n, "p_g", "d")
+    _emit_bwd_init(s, n, n_iters, cols, rows)
+    _emit_reverse(s, n, log, n_iters, stop=n_loop + 1, **rev)
+    if n_loop > 0:
+        _emit_rev_loop(s, n, n_loop, rows, cols)
     if log:
         # A = exp(M − f − g) with the shifts held constant (P does not depend on them).
         for i, j in itertools.product(rows, cols):
@@ -370,7 +373,8 @@ def _gen_small(
         if len(rows) < n:
             # column sums of dM: B_0 ⊙ (adjoint of B_0), which db holds after round 1
             for j in R:
-                s(f"z{n - 1}{j} = B0_{j} * db{j} - (" + " + ".join(f"z{i}{j}" for i in rows) + ")")
+                b0 = "Bk_" if n_loop > 0 else "B0_"
+                s(f"z{n - 1}{j} = {b0}{j} * db{j} - (" + " + ".join(f"z{i}{j}" for i in rows) + ")")
     else:
         # A = softmax(M) + eps: softmax backward.
         for i in R:
@@ -381,12 +385,12 @@ def _gen_small(
     return "\n".join(s.lines) + "\n"
 
 
-def _emit_fwd_rounds(s: _Src, n: int, log: bool, T: int, pair: bool, lm: dict):
+def _emit_fwd_rounds(s: _Src, n: int, log: bool, T: int, pair: bool, lm: dict, start: int = 1):
     """Rounds 1..T from (A0_, B0_), keeping A{k}_, B{k}_ as named registers (and storing those
     named in lm to local memory)."""
     R = range(n)
     if log:
-        for k in range(1, T + 1):
+        for k in range(start, T + 1):
             _emit_row(s, n, log, f"A{k - 1}_", f"B{k - 1}_", f"A{k}_", pair=pair)
             if f"A{k}_" in lm:
                 _emit_lm_put(s, n, f"A{k}_", lm[f"A{k}_"])
@@ -403,54 +407,58 @@ def _emit_fwd_rounds(s: _Src, n: int, log: bool, T: int, pair: bool, lm: dict):
             _emit_col(s, n, log, f"A{k}_", f"B{k - 1}_", f"B{k}_", pair=pair)
 
 
-def _emit_bwd_looped(s: _Src, n: int, T: int, loop: int, prefetch: bool, rows, cols):
-    """Forward and reverse passes of the log variant as rolled loops; the scaling vectors go
-    through per-lane shared memory (slot k: B_k, slot T + k − 1: A_k with loop = 2)."""
+def _emit_fwd_loop(s: _Src, n: int, L: int):
+    """Rounds 1..L of the log forward as a rolled loop storing B_{k-1} in slot k − 1 and A_k in
+    slot L + k − 1; leaves A{L}_, B{L}_."""
     R = range(n)
-    n_slots = T * loop
-    _emit_sh_decl(s, n_slots)
     for i in R:
         s(f"Af_{i} = a{i}")
         s(f"Bf_{i} = b{i}")
-    s(f"for k in tl.range(0, {T}, loop_unroll_factor=1):")
+    s(f"for k in tl.range(0, {L}, loop_unroll_factor=1):")
     _emit_sh_put(s, n, "Bf_", "k")
     _emit_row(s, n, True, "", "Bf_", "Af_", 2)
-    if loop == 2:
-        _emit_sh_put(s, n, "Af_", f"{T} + k")
+    _emit_sh_put(s, n, "Af_", f"{L} + k")
     _emit_col(s, n, True, "Af_", "", "Bf_", 2)
     for i in R:
-        s(f"A{T}_{i} = Af_{i}")
-        s(f"B{T}_{i} = Bf_{i}")
-    if not prefetch:
-        _emit_load(s, n, "p_g", "d")
-    _emit_bwd_init(s, n, T, cols, rows)
+        s(f"A{L}_{i} = Af_{i}")
+        s(f"B{L}_{i} = Bf_{i}")
+
+
+def _emit_rev_loop(s: _Src, n: int, L: int, rows, cols):
+    """Reverse rounds L..1 as a rolled loop over the vectors stored by _emit_fwd_loop. The
+    adjoint of A is zero on entry (the unrolled rounds above end with a row step), so the loop
+    assigns it instead of accumulating (x + 0.0 is not foldable, x·0 chains are). Two rounds
+    per iteration when L is even, so that B_k → B_{k−1} is a renaming, not a copy. Leaves
+    B_0 in Bk_."""
+    R = range(n)
     for i in R:
-        s(f"Bk_{i} = Bf_{i}")
-    s(f"for r in tl.range(0, {T}, loop_unroll_factor=1):")
-    # round k = T − r needs A_k, B_k (carried) and B_{k−1}
-    _emit_sh_get(s, n, "Bp_", f"{T - 1} - r")
-    if loop == 2:
-        _emit_sh_get(s, n, "Ak_", f"{2 * T - 1} - r")
-    else:
-        _emit_row(s, n, True, "", "Bp_", "Ak_", 2)
+        s(f"Bk_{i} = B{L}_{i}")
+    two = L % 2 == 0
+    s(f"for r in tl.range(0, {L}, {2 if two else 1}, loop_unroll_factor=1):")
+    # round k = L − r needs A_k (slot L + k − 1), B_k (carried) and B_{k−1} (slot k − 1)
+    _emit_sh_get(s, n, "Bp_", f"{L - 1} - r")
+    _emit_sh_get(s, n, "Ak_", f"{2 * L - 1} - r")
     _emit_rev_round_log(s, n, "Ak_", "Bk_", "Bp_", rows, cols, 2)
-    for i in R:
-        s(f"Bk_{i} = Bp_{i}", 2)
+    if two:
+        _emit_sh_get(s, n, "Bk_", f"{L - 2} - r")
+        _emit_sh_get(s, n, "Ak_", f"{2 * L - 2} - r")
+        _emit_rev_round_log(s, n, "Ak_", "Bp_", "Bk_", rows, cols, 2)
+    else:
+        for i in R:
+            s(f"Bk_{i} = Bp_{i}", 2)
 
 
 def _emit_rev_round_log(s: _Src, n: int, ak: str, bk: str, bp: str, rows, cols, indent: int):
-    """One reverse round of the log variant: adjoints of B_k = 1/(Aᵀ A_k) and
-    A_k = 1/(A B_{k−1}) from db, accumulating y; leaves the adjoint of B_{k−1} in db."""
+    """One reverse round of the log variant with a zero adjoint of A on entry: adjoints of
+    B_k = 1/(Aᵀ A_k) and A_k = 1/(A B_{k−1}) from db, accumulating y; leaves the adjoint of
+    B_{k−1} in db."""
     R = range(n)
     for j in R:
         s(f"dc{j} = -db{j} * {bk}{j} * {bk}{j}", indent)
     for i, j in itertools.product(rows, cols):
         s(f"y{i}{j} += {ak}{i} * dc{j}", indent)
     for i in R:
-        s(f"da{i} += " + " + ".join(f"x{i}{j} * dc{j}" for j in R), indent)
-    for i in R:
-        s(f"dr{i} = -da{i} * {ak}{i} * {ak}{i}", indent)
-        s(f"da{i} = tl.zeros((BLOCK,), tl.float32)", indent)
+        s(f"dr{i} = -(" + " + ".join(f"x{i}{j} * dc{j}" for j in R) + f") * {ak}{i} * {ak}{i}", indent)
     for i, j in itertools.product(rows, cols):
         s(f"y{i}{j} += dr{i} * {bp}{j}", indent)
     for j in R:
@@ -619,6 +627,7 @@ def _emit_reverse(
     cols,
     rows,
     lm: dict,
+    stop: int = 1,
 ):
     """Reverse pass through rounds T..1 of _emit_fwd_rounds, accumulating y (the adjoint of A)
     and carrying da, db. Round k needs A_k, B_k and B_{k-1}. With ckpt > 1 (log variant) only
@@ -626,7 +635,8 @@ def _emit_reverse(
     from A_k (itself recomputed from the B below, or kept) by one column half-step."""
     R = range(n)
     last = 1 if log else 2
-    keep_b = {k for k in range(T + 1) if k % ckpt == 0 or k == T}
+    # stop > 1: rounds below stop run in the rolled loop; B_{stop-1} comes from it
+    keep_b = {k for k in range(T + 1) if k % ckpt == 0 or k == T or k == stop - 1}
     have_a = {k for k in range(1, T + 1) if not log or k >= T - keep_a}
     have_b = set(keep_b)
     bname = {k: f"B{k}_" for k in keep_b}
@@ -657,11 +667,11 @@ def _emit_reverse(
         bname[k] = f"R{k}_"
         have_b.add(k)
 
-    for k in range(T, 0, -1):
+    for k in range(T, stop - 1, -1):
         ensure_a(k)
         ensure_b(k)
         ensure_b(k - 1)
-        if ahead and k > 1:
+        if ahead and k > stop:
             # the next round's recomputation, issued before this round's dependent chain
             ensure_a(k - 1)
             ensure_b(k - 2)
