@@ -458,7 +458,8 @@ def _emit_rev_round_log(s: _Src, n: int, ak: str, bk: str, bp: str, rows, cols, 
     for i, j in itertools.product(rows, cols):
         s(f"y{i}{j} += {ak}{i} * dc{j}", indent)
     for i in R:
-        s(f"dr{i} = -(" + " + ".join(f"x{i}{j} * dc{j}" for j in R) + f") * {ak}{i} * {ak}{i}", indent)
+        da = " + ".join(f"x{i}{j} * dc{j}" for j in R)
+        s(f"dr{i} = -({da}) * {ak}{i} * {ak}{i}", indent)
     for i, j in itertools.product(rows, cols):
         s(f"y{i}{j} += dr{i} * {bp}{j}", indent)
     for j in R:
