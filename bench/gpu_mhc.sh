@@ -35,9 +35,11 @@ group() {
     5) pyt "$OPT[opts8]" "$OPT[opts9]" "$OPT[opts10]" ;;
     6) pyt $G -k "small_path and not generator" ;;
     7) pyt $G -k "not small_path" ;;
+    8) pyt "$OPT[opts11]" "$OPT[opts12]" "$OPT[opts13]" ;;
+    9) pyt "$OPT[opts14]" "$OPT[opts15]" ;;
   esac
 }
-NG=8
+NG=10
 pids=()
 for k in $(seq 0 $((NG - 1))); do
   group "$k" >"$TMP/t$k" 2>&1 &

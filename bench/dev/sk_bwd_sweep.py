@@ -1,7 +1,7 @@
 """Sweep of the 4×4 projection backward's generator options and launch configurations.
 
 Each candidate is (generator options (keep_a, prefetch, pair, ckpt, ahead, rowsum[, colsum,
-lm_b, lm_a, l2_ahead, loop]),
+lm_b, lm_a, l2_ahead, unrolled]),
 launch config (matrices per program, warps[, maxnreg])). For each: registers and spills of the compiled
 kernel, the maximum error against float64 autograd (B = 4099, logits ×3 and ×80), and the
 median time at B = 2^24 (log variant, 20 iterations, fp32).
@@ -26,10 +26,10 @@ from flashsinkhorn.mhc import sk_torch, sk_triton
 N, T = 4, 20
 
 
-def _col(keep_a, ckpt=2, lm_b=False, lm_a=0, prefetch=True, ahead=False, l2=0, loop=0):
+def _col(keep_a, ckpt=2, lm_b=False, lm_a=0, prefetch=True, ahead=False, l2=0, unrolled=None):
     """With the column-sum identity (session 23); lm_b / lm_a: scaling vectors through per-lane
     local memory instead of recomputed (session 24)."""
-    return (keep_a, prefetch, False, ckpt, ahead, True, True, lm_b, lm_a, l2, loop)
+    return (keep_a, prefetch, False, ckpt, ahead, True, True, lm_b, lm_a, l2, unrolled)
 
 
 CANDS = [
@@ -39,21 +39,19 @@ CANDS = [
     # equal). Call 4 (s24c): an L2 prefetch of a later program's inputs is slower (2.15-2.22).
     # Call 5 (s24d): the whole backward as rolled loops over shared memory: issue rate 0.78
     # (fetch stalls gone) but +15 % instructions (A_k recomputed) or 10 warps/SM (A_k stored).
-    # This call: rounds 1..L looped over shared memory, the rest unrolled in registers.
+    # Call 6 (s24e): rounds 1..L looped over shared memory, the rest unrolled: L = 10 1.806 ms.
+    # This call: around the new default (the last `unrolled` rounds unrolled).
     # Session 23 (colsum, keep_a 9): bench/results/dev/s23{b..e}; sessions 15/16:
     # sk_bwd_sweep_h200_s1{5,6}*. Launch config: (matrices per program, warps[, maxnreg[,
     # carveout]]).
+    (sk_triton.SMALL_BWD_OPTS, sk_triton.SMALL_CONFIG["bwd"]),  # the session-24 default
     (_col(9), (64, 2, 128)),  # the session-23 default
-    (_col(20, 1, loop=19), (64, 2)),  # 40 KB shared per program: 10 warps/SM
-    (_col(20, 1, loop=19), (32, 1)),  # 11
-    (_col(20, 1, loop=16), (64, 2)),  # 12
-    (_col(20, 1, loop=14), (64, 2)),  # 14
-    (_col(20, 1, loop=13), (64, 2)),  # 16
-    (_col(20, 1, loop=12), (64, 2)),  # 16
-    (_col(20, 1, loop=12), (64, 2, 128)),
-    (_col(20, 1, loop=10), (64, 2)),  # 16
-    (_col(20, 1, loop=13), (32, 1)),  # 16
-    (_col(20, 1, loop=16), (32, 1)),  # 13
+    (_col(20, 1, unrolled=9), (64, 2, 128)),
+    (_col(20, 1, unrolled=11), (64, 2, 128)),
+    (_col(20, 1, unrolled=12), (64, 2, 128)),
+    (_col(20, 1, unrolled=10), (32, 1, 128)),
+    (_col(20, 1, unrolled=10), (64, 2, 120)),
+    (_col(20, 1, unrolled=10), (128, 4, 128)),
 ]
 
 

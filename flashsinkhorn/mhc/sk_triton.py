@@ -37,10 +37,14 @@ LOG2E = 1.4426950408889634
 # The log backward with 128 registers runs 16 warps per SM (12 at its natural 168); the
 # deepseek backward keeps every scaling vector (no checkpointing) and is not capped.
 SMALL_CONFIG = {"fwd": (256, 8), "bwd": (64, 2, 128), "bwd_deepseek": (64, 2)}
-# Generator options (keep_a, prefetch, pair[, ckpt, ahead, rowsum, colsum]), see
-# _gen_small. The column-sum identity took 2.218 -> 2.104 ms at keep_a 8 and 2.081 at keep_a 9
-# (bench/results/dev/s23c/, H200, B = 2^24).
-SMALL_BWD_OPTS = (9, True, False, 2, False, True, True)
+# Generator options (keep_a, prefetch, pair[, ckpt, ahead, rowsum, colsum, lm_b, lm_a,
+# l2_ahead, unrolled]), see _gen_small. Default: the last 10 rounds unrolled in registers, the
+# first 10 looped over shared memory; 2.074 -> 1.806 ms against the session-23 default in the
+# same run (bench/results/dev/s24e/, H200, B = 2^24).
+SMALL_BWD_OPTS = (20, True, False, 1, False, True, True, False, 0, 0, 10)
+# Most rounds of the small log backward that run as a loop over shared memory (32 bytes per
+# round and lane; static shared memory is limited to 48 KB per program).
+LOOP_MAX = 22
 # Half-step states kept on chip by the general backward before it recomputes segments.
 GEN_HS_MAX = 64
 
@@ -264,7 +268,7 @@ def _gen_small(
     lm_b: bool = False,
     lm_a: int = 0,
     l2_ahead: int = 0,
-    loop: int = 0,
+    unrolled: int | None = None,
 ) -> str:
     """Kernel source for (n, n_iters, variant).
 
@@ -290,11 +294,12 @@ def _gen_small(
     l2_ahead: the backward first prefetches into L2 the logits and upstream gradient of the
     program l2_ahead programs further on (FAST only), so that a program's first loads hit L2
     instead of waiting for DRAM.
-    loop (log variant): rounds 1..L (L = min(loop, n_iters − 1)) of the backward run as two
-    rolled loops (forward, then reverse) whose scaling vectors A_k, B_k go through per-lane
-    shared memory (32·L bytes per lane); the remaining rounds are unrolled with their vectors in
-    registers as above (keep_a and ckpt apply to them). Trades the ~2,800-instruction
-    straight-line kernel (instruction-cache stalls) and the recomputation for shared memory.
+    unrolled (log variant): when not None, only the last `unrolled` rounds (at least 1) of the
+    backward are unrolled with their scaling vectors in registers as above (keep_a and ckpt
+    apply to them); rounds 1..L before them run as two rolled loops (forward, then reverse)
+    whose vectors A_k, B_k go through per-lane shared memory (32·L bytes per lane, L at most
+    LOOP_MAX). This removes the instruction-cache stalls of the ~2,800-instruction straight-line
+    kernel and the recomputation, for shared memory.
     """
     log = variant == "log"
     R = range(n)
@@ -352,7 +357,9 @@ def _gen_small(
     for i in R:
         s(f"B0_{i} = b{i}")
         s(f"A0_{i} = a{i}")
-    n_loop = min(loop, n_iters - 1) if log else 0
+    n_loop = 0
+    if log and unrolled is not None:
+        n_loop = max(0, min(n_iters - max(unrolled, 1), LOOP_MAX))
     if n_loop > 0:
         _emit_sh_decl(s, 2 * n_loop)
         _emit_fwd_loop(s, n, n_loop)
@@ -471,10 +478,12 @@ def _emit_rev_round_log(s: _Src, n: int, ak: str, bk: str, bp: str, rows, cols, 
 # 16-byte accesses to one slot are contiguous (no bank conflicts). Volatile, so that ptxas
 # keeps every access. The interpreter keeps the slots in [BLOCK, S] tiles instead.
 def _emit_sh_decl(s: _Src, n_slots: int):
-    # the asm text is a literal, so the array size is spelled out for each BLOCK
+    # the asm text is a literal, so the array size is spelled out for each BLOCK that fits the
+    # 48 KB of static shared memory
+    blocks = [b for b in (32, 64, 128) if 16 * n_slots * b <= 44 * 1024]
     s("if FAST:")
-    s("tl.static_assert(BLOCK <= 128)", 2)
-    for k, block in enumerate((32, 64, 128)):
+    s(f"tl.static_assert({' or '.join(f'BLOCK == {b}' for b in blocks)})", 2)
+    for k, block in enumerate(blocks):
         s(f"{'if' if k == 0 else 'elif'} BLOCK == {block}:", 2)
         s(
             f'sh = tl.inline_asm_elementwise(".shared .align 16 .b8 fs_sh[{16 * n_slots * block}];'
@@ -967,8 +976,10 @@ def sk_backward_triton(
         cfg = SMALL_CONFIG["bwd" if variant == "log" else "bwd_deepseek"]
         block, kw = _launch_cfg(cfg, m)
         fast = m.is_cuda and not _interpreting()
-        if variant == "log" and any(SMALL_BWD_OPTS[7:9]) and block != 32 * kw["num_warps"]:
-            # the local-memory asm addresses one slot set per lane (see _emit_lm_decl)
+        per_lane = any(SMALL_BWD_OPTS[7:9]) or (SMALL_BWD_OPTS[10:11] or [None])[0] is not None
+        if variant == "log" and per_lane and block != 32 * kw["num_warps"]:
+            # the local/shared-memory asm addresses one slot set per lane (_emit_lm_decl,
+            # _emit_sh_decl)
             raise RuntimeError(f"SMALL_CONFIG['bwd'] = {cfg} needs BLOCK = 32 * num_warps")
         bwd[(cdiv(bsz, block),)](m, grad, out, bsz, eps, BLOCK=block, FAST=fast, **kw, **FP_FUSION)
         return out
