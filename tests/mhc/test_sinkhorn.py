@@ -229,6 +229,63 @@ def test_triton_small_path_generator_options(device, monkeypatch, opts):
         _check_triton(device, 2, "deepseek", 31, 7, 80.0, "small")
 
 
+_SM90_SCRIPT = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from flashsinkhorn.mhc import sk_triton
+out = {}
+for n, n_iters, opts in json.loads(sys.argv[1]):
+    _, bwd = sk_triton._small_kernels(n, n_iters, "log", tuple(opts))
+    sig = {"p_x": "*fp32", "p_g": "*fp32", "p_out": "*fp32", "n_mat": "i32", "eps": "fp32",
+           "BLOCK": "constexpr", "FAST": "constexpr"}
+    k = triton.compile(ASTSource(bwd, sig, {"BLOCK": 64, "FAST": True}),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 2})
+    assert k.asm["cubin"]
+    out[str(n)] = k.asm["ptx"]
+print(json.dumps(out))
+"""
+
+
+def _compile_sm90(cases):
+    """PTX of generated small backward kernels compiled to sm_90 cubins without a GPU (in a
+    fresh process: the interpreter and the compiler do not mix in one). The inline PTX of the
+    local/shared-memory paths only runs on the GPU, so this is where CI sees whether the ptxas
+    that ships with Triton accepts it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    triton = pytest.importorskip("triton")
+    if "nvidia" not in getattr(triton.backends, "backends", {}):
+        pytest.skip("Triton without its CUDA backend")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run(
+        [sys.executable, "-c", _SM90_SCRIPT, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_small_backward_inline_ptx_assembles():
+    local = (2, True, False, 2, False, True, True, True, 1)  # n = 3: a v2 and a scalar access
+    ptx = _compile_sm90([(4, 20, sk_triton.SMALL_BWD_OPTS), (3, 6, local)])
+    # the default: rounds 1..10 looped over per-lane shared memory (20 slots of 16 B per lane)
+    assert ".shared .align 16 .b8 fs_sh[20480]" in ptx["4"]
+    assert ptx["4"].count("st.volatile.shared.v4.f32") == 2
+    assert ptx["4"].count("ld.volatile.shared.v4.f32") == 4  # two rounds per loop iteration
+    # the local-memory history: B_1, B_3, B_5 and A_3 (keep_a 2, ckpt 2, lm_a 1 at T = 6)
+    assert ".local .align 16 .b8 fs_lm[64]" in ptx["3"]
+    for op in ("st.local.v2.f32", "ld.local.v2.f32", "st.local.f32", "ld.local.f32"):
+        assert ptx["3"].count(op) == 4, op
+
+
 @pytest.mark.parametrize("variant", ["log", "deepseek"])
 @pytest.mark.parametrize("n", [4, 5, 8, 16])
 def test_triton_general_path(device, n, variant):
