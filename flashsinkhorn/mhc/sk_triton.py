@@ -5,8 +5,10 @@ Two paths compute the same scaling-vector recursion as :mod:`.sk_torch` (see its
 * small path, n ≤ 4: one matrix per lane, each entry a separate [BLOCK] register tensor, BLOCK
   matrices per program. The kernel source is generated for the given (n, n_iters, variant) so
   that the backward can keep scaling vectors in named registers (Triton has no register
-  arrays; some are checkpointed and recomputed, see _gen_small) and replay the iterations in
-  reverse without any HBM scratch.
+  arrays) and replay the iterations in reverse without any HBM scratch. By default the first
+  rounds of the log backward run as rolled loops whose scaling vectors go through per-lane
+  shared memory declared in inline PTX, and the last rounds are unrolled in registers (see
+  _gen_small for this and the other register/recompute trade-offs).
   Reciprocals are computed once per row/column and multiplied (``rcp.approx`` on the GPU).
 * general path, n ≤ 32: one matrix per program as an [NP, NP] tile; the backward stores the
   states of up to HS half-steps in an on-chip [HS, NP] tile and, when there are more half-steps,
