@@ -70,7 +70,7 @@ def _carveout(h, pct):
 
 
 def _launch(opts, cfg, m, g):
-    _, bwd = sk_triton._small_kernels(N, T, "log", opts)
+    _, bwd = sk_triton._small_kernels(N, T, "log", opts, block=cfg[0])
     block, kw = sk_triton._launch_cfg(cfg[:3], m)
     out = torch.empty_like(m)
     grid = (triton.cdiv(m.shape[0], block),)

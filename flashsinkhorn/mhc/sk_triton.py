@@ -47,6 +47,7 @@ SMALL_BWD_OPTS = (20, True, False, 1, False, True, True, False, 0, 0, 10)
 # Most rounds of the small log backward that run as a loop over shared memory (32 bytes per
 # round and lane; static shared memory is limited to 48 KB per program).
 LOOP_MAX = 22
+SH_BYTES_MAX = 44 * 1024
 # Half-step states kept on chip by the general backward before it recomputes segments.
 GEN_HS_MAX = 64
 
@@ -271,6 +272,8 @@ def _gen_small(
     lm_a: int = 0,
     l2_ahead: int = 0,
     unrolled: int | None = None,
+    *,
+    block: int = 64,
 ) -> str:
     """Kernel source for (n, n_iters, variant).
 
@@ -300,7 +303,8 @@ def _gen_small(
     backward are unrolled with their scaling vectors in registers as above (keep_a and ckpt
     apply to them); rounds 1..L before them run as two rolled loops (forward, then reverse)
     whose vectors A_k, B_k go through per-lane shared memory (32·L bytes per lane, L at most
-    LOOP_MAX). This removes the instruction-cache stalls of the ~2,800-instruction straight-line
+    LOOP_MAX and by the 44 KB of static shared memory that a program of `block` matrices may
+    declare). This removes the instruction-cache stalls of the ~2,800-instruction straight-line
     kernel and the recomputation, for shared memory.
     """
     log = variant == "log"
@@ -361,9 +365,9 @@ def _gen_small(
         s(f"A0_{i} = a{i}")
     n_loop = 0
     if log and unrolled is not None:
-        n_loop = max(0, min(n_iters - max(unrolled, 1), LOOP_MAX))
+        n_loop = max(0, min(n_iters - max(unrolled, 1), LOOP_MAX, SH_BYTES_MAX // (32 * block)))
     if n_loop > 0:
-        _emit_sh_decl(s, 2 * n_loop)
+        _emit_sh_decl(s, 2 * n_loop, block)
         _emit_fwd_loop(s, n, n_loop)
     _emit_fwd_rounds(s, n, log, n_iters, pair, lm, start=n_loop + 1)
     if not prefetch:
@@ -479,21 +483,17 @@ def _emit_rev_round_log(s: _Src, n: int, ak: str, bk: str, bp: str, rows, cols, 
 # no addressable shared memory). Lane t's slot q is at fs_sh + 16·(q·BLOCK + t): a warp's
 # 16-byte accesses to one slot are contiguous (no bank conflicts). Volatile, so that ptxas
 # keeps every access. The interpreter keeps the slots in [BLOCK, S] tiles instead.
-def _emit_sh_decl(s: _Src, n_slots: int):
-    # the asm text is a literal, so the array size is spelled out for each BLOCK that fits the
-    # 48 KB of static shared memory
-    blocks = [b for b in (32, 64, 128) if 16 * n_slots * b <= 44 * 1024]
+def _emit_sh_decl(s: _Src, n_slots: int, block: int):
+    # the asm text is a literal: the array is sized for the BLOCK the source is generated for
     s("if FAST:")
-    s(f"tl.static_assert({' or '.join(f'BLOCK == {b}' for b in blocks)})", 2)
-    for k, block in enumerate(blocks):
-        s(f"{'if' if k == 0 else 'elif'} BLOCK == {block}:", 2)
-        s(
-            f'sh = tl.inline_asm_elementwise(".shared .align 16 .b8 fs_sh[{16 * n_slots * block}];'
-            "\\n{ .reg .u32 t; mov.u32 t, %tid.x; shl.b32 t, t, 4; mov.u32 $0, fs_sh; "
-            'add.u32 $0, $0, t; }", "=r,r", [m_b.to(tl.int32)], dtype=tl.int32, '
-            "is_pure=False, pack=1)",
-            3,
-        )
+    s(f"tl.static_assert(BLOCK == {block})", 2)
+    s(
+        f'sh = tl.inline_asm_elementwise(".shared .align 16 .b8 fs_sh[{16 * n_slots * block}];'
+        "\\n{ .reg .u32 t; mov.u32 t, %tid.x; shl.b32 t, t, 4; mov.u32 $0, fs_sh; "
+        'add.u32 $0, $0, t; }", "=r,r", [m_b.to(tl.int32)], dtype=tl.int32, '
+        "is_pure=False, pack=1)",
+        2,
+    )
     s("else:")
     s(f"o_h = tl.arange(0, {next_pow2(n_slots)})", 2)
     for t in range(4):
@@ -724,22 +724,22 @@ _SMALL_CACHE: dict = {}
 _SMALL_CACHE_LOCK = threading.Lock()
 
 
-def _small_kernels(n: int, n_iters: int, variant: str, opts: tuple | None = None):
-    """(forward, backward) kernels; opts = (keep_a, prefetch, pair[, ckpt, ahead, rowsum,
-    colsum]) as in _gen_small, default SMALL_BWD_OPTS."""
+def _small_kernels(n: int, n_iters: int, variant: str, opts: tuple | None = None, block: int = 64):
+    """(forward, backward) kernels; opts as in _gen_small (default SMALL_BWD_OPTS); block: the
+    backward's matrices per program (sizes its shared memory)."""
     opts = SMALL_BWD_OPTS if opts is None else tuple(opts)
-    key = (n, n_iters, variant, opts)
+    key = (n, n_iters, variant, opts, block)
     hit = _SMALL_CACHE.get(key)
     if hit is not None:
         return hit
     with _SMALL_CACHE_LOCK:
-        return _build_small_kernels(key, n, n_iters, variant, opts)
+        return _build_small_kernels(key, n, n_iters, variant, opts, block)
 
 
-def _build_small_kernels(key, n, n_iters, variant, opts):
+def _build_small_kernels(key, n, n_iters, variant, opts, block):
     if key not in _SMALL_CACHE:
-        src = _gen_small(n, n_iters, variant, *opts)
-        fname = f"<flashsinkhorn.mhc generated sk n={n} T={n_iters} {variant} {opts}>"
+        src = _gen_small(n, n_iters, variant, *opts, block=block)
+        fname = f"<flashsinkhorn.mhc generated sk n={n} T={n_iters} {variant} {opts} {block}>"
         # triton.jit reads the source through inspect/linecache; mtime None keeps the entry
         # from being evicted by linecache.checkcache().
         linecache.cache[fname] = (len(src), None, src.splitlines(True), fname)
@@ -974,12 +974,12 @@ def sk_backward_triton(
         return out
     eps = 0.0 if variant == "log" else float(eps)
     if path == "small" or (path == "auto" and n <= 4):
-        _, bwd = _small_kernels(n, n_iters, variant)
         cfg = SMALL_CONFIG["bwd" if variant == "log" else "bwd_deepseek"]
         block, kw = _launch_cfg(cfg, m)
+        _, bwd = _small_kernels(n, n_iters, variant, block=block)
         fast = m.is_cuda and not _interpreting()
         per_lane = any(SMALL_BWD_OPTS[7:9]) or (SMALL_BWD_OPTS[10:11] or [None])[0] is not None
-        if variant == "log" and per_lane and block != 32 * kw["num_warps"]:
+        if fast and variant == "log" and per_lane and block != 32 * kw["num_warps"]:
             # the local/shared-memory asm addresses one slot set per lane (_emit_lm_decl,
             # _emit_sh_decl)
             raise RuntimeError(f"SMALL_CONFIG['bwd'] = {cfg} needs BLOCK = 32 * num_warps")

@@ -240,8 +240,12 @@ for n, n_iters, opts in json.loads(sys.argv[1]):
     _, bwd = sk_triton._small_kernels(n, n_iters, "log", tuple(opts))
     sig = {"p_x": "*fp32", "p_g": "*fp32", "p_out": "*fp32", "n_mat": "i32", "eps": "fp32",
            "BLOCK": "constexpr", "FAST": "constexpr"}
-    k = triton.compile(ASTSource(bwd, sig, {"BLOCK": 64, "FAST": True}),
-                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 2})
+    try:  # older Triton releases key ASTSource's constants differently
+        k = triton.compile(ASTSource(bwd, sig, {"BLOCK": 64, "FAST": True}),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 2})
+    except (TypeError, KeyError, AttributeError) as err:
+        print(json.dumps({"skip": repr(err)}))
+        sys.exit(0)
     assert k.asm["cubin"]
     out[str(n)] = k.asm["ptx"]
 print(json.dumps(out))
@@ -270,7 +274,22 @@ def _compile_sm90(cases):
         timeout=600,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    if "skip" in out:
+        pytest.skip(f"this Triton's compile API: {out['skip']}")
+    return out
+
+
+@pytest.mark.parametrize("block", [32, 64, 128])
+def test_small_backward_shared_memory_fits(block):
+    # the looped rounds are capped so that a program's static shared memory stays under 48 KB
+    import re
+
+    for n_iters in (11, 20, 40, 100):
+        src = sk_triton._gen_small(4, n_iters, "log", *sk_triton.SMALL_BWD_OPTS, block=block)
+        (size,) = map(int, re.findall(r"fs_sh\[(\d+)\]", src))
+        assert 0 < size <= sk_triton.SH_BYTES_MAX
+        assert f"tl.static_assert(BLOCK == {block})" in src
 
 
 def test_small_backward_inline_ptx_assembles():
