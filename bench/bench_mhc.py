@@ -55,8 +55,8 @@ def bench_projection(sizes, sweep, baselines):
 
 
 # Candidates of the small path: (generator options (keep_a, prefetch, pair[, ckpt, ahead,
-# rowsum, colsum, lm_b, lm_a, l2_ahead, unrolled]), launch config (matrices per program,
-# warps[, maxnreg])). The first of each list is the library default.
+# rowsum, colsum, unrolled]), launch config (matrices per program, warps[, maxnreg])). The
+# first of each list is the library default.
 FWD_CANDS = [
     ((8, True, False), (256, 8)),
     ((8, True, False), (128, 4)),
@@ -74,15 +74,14 @@ DEEPSEEK_BWD = ((8, True, False, 2, False, True), (64, 2))
 
 def _cand_name(variant, opts, cfg):
     keep_a, _, pair, *more = opts
-    dflt = [1, False, False, False, False, 0, 0, None]
-    ckpt, ahead, rowsum, colsum, lm_b, lm_a, l2, unrolled = (more + dflt[len(more) :])[:8]
+    dflt = [1, False, False, False, None]
+    ckpt, ahead, rowsum, colsum, unrolled = (more + dflt[len(more) :])[:5]
     if variant != "log":  # the checkpointing options apply to the log variant only
-        ckpt, ahead, rowsum, colsum, lm_b, lm_a, l2, unrolled = dflt
+        ckpt, ahead, rowsum, colsum, unrolled = dflt
     extra = f"|keep{keep_a}" + ("|pair" if pair else "")
     extra += (f"|ckpt{ckpt}" if ckpt > 1 else "") + ("|ahead" if ahead else "")
     extra += ("|rowsum" if rowsum else "") + ("|colsum" if colsum else "")
-    extra += ("|lm_b" if lm_b else "") + (f"|lm_a{lm_a}" if lm_a else "")
-    extra += (f"|l2_{l2}" if l2 else "") + (f"|unrolled{unrolled}" if unrolled is not None else "")
+    extra += f"|unrolled{unrolled}" if unrolled is not None else ""
     return f"triton_{variant}[{'x'.join(map(str, cfg))}{extra}]"
 
 

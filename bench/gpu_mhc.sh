@@ -36,10 +36,9 @@ group() {
     6) pyt $G -k "small_path and not generator" ;;
     7) pyt $G -k "not small_path" ;;
     8) pyt "$OPT[opts11]" "$OPT[opts12]" "$OPT[opts13]" ;;
-    9) pyt "$OPT[opts14]" "$OPT[opts15]" ;;
   esac
 }
-NG=10
+NG=9
 pids=()
 for k in $(seq 0 $((NG - 1))); do
   group "$k" >"$TMP/t$k" 2>&1 &

@@ -1,9 +1,8 @@
 """Sweep of the 4×4 projection backward's generator options and launch configurations.
 
 Each candidate is (generator options (keep_a, prefetch, pair, ckpt, ahead, rowsum[, colsum,
-lm_b, lm_a, l2_ahead, unrolled]),
-launch config (matrices per program, warps[, maxnreg])). For each: registers and spills of the compiled
-kernel, the maximum error against float64 autograd (B = 4099, logits ×3 and ×80), and the
+unrolled]), launch config (matrices per program, warps[, maxnreg[, carveout]])). For each:
+registers and spills of the compiled kernel, the maximum error against float64 autograd (B = 4099, logits ×3 and ×80), and the
 median time at B = 2^24 (log variant, 20 iterations, fp32).
 
     python bench/dev/sk_bwd_sweep.py --compile-share 0 --shares 8 &   # fill Triton's cache
@@ -26,21 +25,19 @@ from flashsinkhorn.mhc import sk_torch, sk_triton
 N, T = 4, 20
 
 
-def _col(keep_a, ckpt=2, lm_b=False, lm_a=0, prefetch=True, ahead=False, l2=0, unrolled=None):
-    """With the column-sum identity (session 23); lm_b / lm_a: scaling vectors through per-lane
-    local memory instead of recomputed (session 24)."""
-    return (keep_a, prefetch, False, ckpt, ahead, True, True, lm_b, lm_a, l2, unrolled)
+def _col(keep_a, ckpt=2, prefetch=True, ahead=False, unrolled=None):
+    """With the column-sum identity (session 23); unrolled: rounds before the last `unrolled`
+    looped over shared memory (session 24)."""
+    return (keep_a, prefetch, False, ckpt, ahead, True, True, unrolled)
 
 
 CANDS = [
-    # Session 24. Call 2 (bench/results/dev/s24a): scaling vectors through per-lane local
-    # memory instead of recomputed (local bytes per lane = 16 × slots): fewer instructions,
-    # same time at full clocks. Call 3 (s24b): the L1/shared carveout changes nothing (-1 and 0
-    # equal). Call 4 (s24c): an L2 prefetch of a later program's inputs is slower (2.15-2.22).
-    # Call 5 (s24d): the whole backward as rolled loops over shared memory: issue rate 0.78
-    # (fetch stalls gone) but +15 % instructions (A_k recomputed) or 10 warps/SM (A_k stored).
-    # Call 6 (s24e): rounds 1..L looped over shared memory, the rest unrolled: L = 10 1.806 ms.
-    # This call: around the new default (the last `unrolled` rounds unrolled).
+    # Session 24 (docs/performance.md, mHC entry 13; raw bench/results/dev/s24a-f). Calls 2-4
+    # timed per-lane local memory instead of recomputation (options lm_b / lm_a), the L1/shared
+    # carveout and an L2 prefetch (l2_ahead): none faster; the options were removed afterwards
+    # (code at 16d65ef). Call 5: the whole backward looped over shared memory (issue 0.78 but
+    # +15 % instructions, or 10 warps/SM). Call 6: rounds 1..L looped, the rest unrolled
+    # (L = 10: 1.806 ms). Call 7 (these candidates): around that default.
     # Session 23 (colsum, keep_a 9): bench/results/dev/s23{b..e}; sessions 15/16:
     # sk_bwd_sweep_h200_s1{5,6}*. Launch config: (matrices per program, warps[, maxnreg[,
     # carveout]]).

@@ -39,11 +39,11 @@ LOG2E = 1.4426950408889634
 # The log backward with 128 registers runs 16 warps per SM (12 at its natural 168); the
 # deepseek backward keeps every scaling vector (no checkpointing) and is not capped.
 SMALL_CONFIG = {"fwd": (256, 8), "bwd": (64, 2, 128), "bwd_deepseek": (64, 2)}
-# Generator options (keep_a, prefetch, pair[, ckpt, ahead, rowsum, colsum, lm_b, lm_a,
-# l2_ahead, unrolled]), see _gen_small. Default: the last 10 rounds unrolled in registers, the
-# first 10 looped over shared memory; 2.074 -> 1.806 ms against the session-23 default in the
-# same run (bench/results/dev/s24e/, H200, B = 2^24).
-SMALL_BWD_OPTS = (20, True, False, 1, False, True, True, False, 0, 0, 10)
+# Generator options (keep_a, prefetch, pair[, ckpt, ahead, rowsum, colsum, unrolled]), see
+# _gen_small. Default: the last 10 rounds unrolled in registers, the first 10 looped over
+# shared memory; 2.074 -> 1.806 ms against the session-23 default in the same run
+# (bench/results/dev/s24e/, H200, B = 2^24).
+SMALL_BWD_OPTS = (20, True, False, 1, False, True, True, 10)
 # Most rounds of the small log backward that run as a loop over shared memory (32 bytes per
 # round and lane; static shared memory is limited to 48 KB per program).
 LOOP_MAX = 22
@@ -268,9 +268,6 @@ def _gen_small(
     ahead: bool = False,
     rowsum: bool = False,
     colsum: bool = False,
-    lm_b: bool = False,
-    lm_a: int = 0,
-    l2_ahead: int = 0,
     unrolled: int | None = None,
     *,
     block: int = 64,
@@ -290,15 +287,6 @@ def _gen_small(
     colsum (log variant, with rowsum): also drop the last row; dM's column sums are
     B_0 ⊙ (adjoint of B_0), known after the reverse pass (docs/mhc.md, "Backward"), so
     (n−1)² entries are accumulated.
-    lm_b (log variant): the column scalings that ckpt does not keep in registers are stored to
-    per-lane local memory in the forward and loaded in the reverse pass instead of recomputed.
-    lm_a (log variant): the same for the row scalings of the lm_a rounds below the keep_a kept
-    ones. Local memory is per lane and stays in L1 (as ptxas's own spills do); with both
-    options the backward needs one matrix per lane per program (BLOCK = 32 · num_warps), and
-    they only take effect on the GPU (FAST): the interpreter keeps the values live instead.
-    l2_ahead: the backward first prefetches into L2 the logits and upstream gradient of the
-    program l2_ahead programs further on (FAST only), so that a program's first loads hit L2
-    instead of waiting for DRAM.
     unrolled (log variant): when not None, only the last `unrolled` rounds (at least 1) of the
     backward are unrolled with their scaling vectors in registers as above (keep_a and ckpt
     apply to them); rounds 1..L before them run as two rolled loops (forward, then reverse)
@@ -344,8 +332,6 @@ def _gen_small(
     s("i_p = tl.program_id(0)")
     s("o_b = i_p.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)")
     s("m_b = o_b < n_mat")
-    if l2_ahead:
-        _emit_l2_prefetch(s, n, l2_ahead)
     _emit_load(s, n, "p_x", "m")
     if prefetch:
         _emit_load(s, n, "p_g", "d")
@@ -354,12 +340,7 @@ def _gen_small(
     # P unchanged), so the last column of the accumulator is not kept: z_{i,n-1} = −Σ_{j<n-1} z_ij.
     cols = range(n - 1) if (log and rowsum and n > 1) else R
     rows = range(n - 1) if (log and rowsum and colsum and n > 1) else R
-    lm = _lm_slots(n_iters, keep_a, ckpt, lm_b, lm_a) if log else {}
-    rev = dict(
-        keep_a=keep_a, ckpt=ckpt if log else 1, ahead=ahead, pair=pair, cols=cols, rows=rows, lm=lm
-    )
-    if lm:
-        _emit_lm_decl(s, 16 * len(lm))
+    rev = dict(keep_a=keep_a, ckpt=ckpt if log else 1, ahead=ahead, pair=pair, cols=cols, rows=rows)
     for i in R:
         s(f"B0_{i} = b{i}")
         s(f"A0_{i} = a{i}")
@@ -369,7 +350,7 @@ def _gen_small(
     if n_loop > 0:
         _emit_sh_decl(s, 2 * n_loop, block)
         _emit_fwd_loop(s, n, n_loop)
-    _emit_fwd_rounds(s, n, log, n_iters, pair, lm, start=n_loop + 1)
+    _emit_fwd_rounds(s, n, log, n_iters, pair, start=n_loop + 1)
     if not prefetch:
         _emit_load(s, n, "p_g", "d")
     _emit_bwd_init(s, n, n_iters, cols, rows)
@@ -398,18 +379,14 @@ def _gen_small(
     return "\n".join(s.lines) + "\n"
 
 
-def _emit_fwd_rounds(s: _Src, n: int, log: bool, T: int, pair: bool, lm: dict, start: int = 1):
-    """Rounds 1..T from (A0_, B0_), keeping A{k}_, B{k}_ as named registers (and storing those
-    named in lm to local memory)."""
+def _emit_fwd_rounds(s: _Src, n: int, log: bool, T: int, pair: bool, start: int = 1):
+    """Rounds start..T from (A{start-1}_, B{start-1}_), keeping A{k}_, B{k}_ as named
+    registers."""
     R = range(n)
     if log:
         for k in range(start, T + 1):
             _emit_row(s, n, log, f"A{k - 1}_", f"B{k - 1}_", f"A{k}_", pair=pair)
-            if f"A{k}_" in lm:
-                _emit_lm_put(s, n, f"A{k}_", lm[f"A{k}_"])
             _emit_col(s, n, log, f"A{k}_", f"B{k - 1}_", f"B{k}_", pair=pair)
-            if f"B{k}_" in lm:
-                _emit_lm_put(s, n, f"B{k}_", lm[f"B{k}_"])
     else:
         # round 1 is the column step alone (a stays 1)
         for i in R:
@@ -461,22 +438,30 @@ def _emit_rev_loop(s: _Src, n: int, L: int, rows, cols):
             s(f"Bk_{i} = Bp_{i}", 2)
 
 
-def _emit_rev_round_log(s: _Src, n: int, ak: str, bk: str, bp: str, rows, cols, indent: int):
-    """One reverse round of the log variant with a zero adjoint of A on entry: adjoints of
-    B_k = 1/(Aᵀ A_k) and A_k = 1/(A B_{k−1}) from db, accumulating y; leaves the adjoint of
-    B_{k−1} in db."""
+def _emit_rev_round_log(
+    s: _Src, n: int, ak: str, bk: str, bp: str, rows, cols, indent: int, da_live: bool = False
+):
+    """One reverse round of the log variant: adjoints of B_k = 1/(Aᵀ A_k) and
+    A_k = 1/(A B_{k−1}) from db (and da when da_live, else the adjoint of A_k is zero on
+    entry: it is then not added, since x + 0.0 does not fold), accumulating y; leaves the
+    adjoint of B_{k−1} in db."""
     R = range(n)
     for j in R:
         s(f"dc{j} = -db{j} * {bk}{j} * {bk}{j}", indent)
     for i, j in itertools.product(rows, cols):
         s(f"y{i}{j} += {ak}{i} * dc{j}", indent)
     for i in R:
-        da = " + ".join(f"x{i}{j} * dc{j}" for j in R)
+        da = (f"da{i} + " if da_live else "") + " + ".join(f"x{i}{j} * dc{j}" for j in R)
         s(f"dr{i} = -({da}) * {ak}{i} * {ak}{i}", indent)
     for i, j in itertools.product(rows, cols):
         s(f"y{i}{j} += dr{i} * {bp}{j}", indent)
     for j in R:
         s(f"db{j} = " + " + ".join(f"x{i}{j} * dr{i}" for i in R), indent)
+
+
+def _vec_pieces(n: int):
+    """(first entry, width) of the vector accesses that cover n floats of a 16-byte slot."""
+    return [(0, 4)] if n == 4 else [(0, 2)] if n == 2 else [(0, 2), (2, 1)] if n == 3 else [(0, 1)]
 
 
 # Per-lane shared memory for the looped backward, declared in inline PTX (Triton gives a kernel
@@ -502,7 +487,7 @@ def _emit_sh_decl(s: _Src, n_slots: int, block: int):
 
 def _emit_sh_put(s: _Src, n: int, vec: str, slot: str):
     s("if FAST:", 2)
-    for j0, w in _lm_pieces(n):
+    for j0, w in _vec_pieces(n):
         v = "" if w == 1 else f".v{w}"
         regs = ", ".join(f"${t + 2}" for t in range(w))
         regs = regs if w == 1 else "{" + regs + "}"
@@ -521,7 +506,7 @@ def _emit_sh_put(s: _Src, n: int, vec: str, slot: str):
 
 def _emit_sh_get(s: _Src, n: int, vec: str, slot: str):
     s("if FAST:", 2)
-    for j0, w in _lm_pieces(n):
+    for j0, w in _vec_pieces(n):
         v = "" if w == 1 else f".v{w}"
         regs = ", ".join(f"${t}" for t in range(w))
         regs = regs if w == 1 else "{" + regs + "}"
@@ -537,83 +522,6 @@ def _emit_sh_get(s: _Src, n: int, vec: str, slot: str):
     s(f"sel = (o_h == ({slot}))[None, :]", 3)
     for j in range(n):
         s(f"{vec}{j} = tl.sum(tl.where(sel, h{j}, 0.0), 1)", 3)
-
-
-def _emit_l2_prefetch(s: _Src, n: int, ahead: int):
-    s("if FAST:")
-    s(f"o_pf = tl.minimum(o_b + {ahead} * BLOCK, n_mat - 1) * {n * n}", 2)
-    for ptr in ("p_x", "p_g"):
-        s(
-            'tl.inline_asm_elementwise("prefetch.global.L2 [$1];\\nmov.b32 $0, 0;", "=r,l", '
-            f"[({ptr} + o_pf).to(tl.int64, bitcast=True)], dtype=tl.int32, is_pure=False, pack=1)",
-            2,
-        )
-
-
-def _lm_slots(T: int, keep_a: int, ckpt: int, lm_b: bool, lm_a: int) -> dict:
-    """{vector name: 16-byte slot} of the scaling vectors that go through local memory."""
-    names = []
-    if lm_b:
-        names += [f"B{k}_" for k in range(1, T) if k % ckpt]
-    lo = max(1, T - keep_a - lm_a)
-    names += [f"A{k}_" for k in range(lo, T - keep_a)]
-    return {name: q for q, name in enumerate(names)}
-
-
-# Per-lane local memory through inline PTX: Triton has no local arrays. The declaration sits at
-# the kernel's top scope, so that the later asm statements can name it. ptxas would promote a
-# local array with known addresses back to registers (and spill), and forward a stored value
-# to a load of the same address; `volatile` prevents both but older ptxas (CUDA 12.x) rejects
-# it on .local. So stores and loads go through two base registers, fs_lm + z and fs_lm + 2z,
-# with z = min(n_mat, 0) = 0 at run time but unknown to ptxas: it must keep every access and
-# may not forward across them. Every asm statement runs once per lane only when each lane
-# holds one matrix (BLOCK = 32 · num_warps).
-def _emit_lm_decl(s: _Src, nbytes: int):
-    s("if FAST:")
-    s(
-        f'lm_st, lm_ld = tl.inline_asm_elementwise(".local .align 16 .b8 fs_lm[{nbytes}];\\n'
-        "{ .reg .s32 z; min.s32 z, $2, 0; mov.u32 $0, fs_lm; add.s32 $0, $0, z; "
-        'shl.b32 z, z, 1; mov.u32 $1, fs_lm; add.s32 $1, $1, z; }", "=r,=r,r", '
-        "[tl.zeros((BLOCK,), tl.int32) + n_mat], dtype=(tl.int32, tl.int32), is_pure=False, "
-        "pack=1)",
-        2,
-    )
-
-
-def _lm_pieces(n: int):
-    """(first entry, width) of the vector accesses that cover n floats of a 16-byte slot."""
-    return [(0, 4)] if n == 4 else [(0, 2)] if n == 2 else [(0, 2), (2, 1)] if n == 3 else [(0, 1)]
-
-
-def _emit_lm_put(s: _Src, n: int, vec: str, slot: int):
-    s("if FAST:")
-    for j0, w in _lm_pieces(n):
-        v = "" if w == 1 else f".v{w}"
-        regs = ", ".join(f"${t + 2}" for t in range(w))
-        regs = regs if w == 1 else "{" + regs + "}"
-        args = ", ".join(f"{vec}{j0 + t}" for t in range(w))
-        s(
-            f'tl.inline_asm_elementwise("st.local{v}.f32 [$1+{16 * slot + 4 * j0}], '
-            f'{regs};\\nmov.b32 $0, 0;", "=r,r{",f" * w}", [lm_st, {args}], dtype=tl.int32, '
-            "is_pure=False, pack=1)",
-            2,
-        )
-
-
-def _emit_lm_get(s: _Src, n: int, vec: str, slot: int):
-    s("if FAST:")
-    for j0, w in _lm_pieces(n):
-        v = "" if w == 1 else f".v{w}"
-        regs = ", ".join(f"${t}" for t in range(w))
-        regs = regs if w == 1 else "{" + regs + "}"
-        outs = ", ".join(f"{vec}{j0 + t}" for t in range(w))
-        dt = "tl.float32" if w == 1 else f"({', '.join(['tl.float32'] * w)})"
-        s(
-            f'{outs} = tl.inline_asm_elementwise("ld.local{v}.f32 {regs}, '
-            f'[${w}+{16 * slot + 4 * j0}];", "{",".join(["=f"] * w)},r", [lm_ld], dtype={dt}, '
-            "is_pure=False, pack=1)",
-            2,
-        )
 
 
 def _emit_bwd_init(s: _Src, n: int, T: int, cols, rows):
@@ -638,7 +546,6 @@ def _emit_reverse(
     pair: bool,
     cols,
     rows,
-    lm: dict,
     stop: int = 1,
 ):
     """Reverse pass through rounds T..1 of _emit_fwd_rounds, accumulating y (the adjoint of A)
@@ -656,10 +563,6 @@ def _emit_reverse(
     def ensure_a(k):
         if k in have_a:
             return
-        if f"A{k}_" in lm:
-            _emit_lm_get(s, n, f"A{k}_", lm[f"A{k}_"])
-            have_a.add(k)
-            return
         ensure_b(k - 1)
         # Recompute A_k = 1/(A B_{k-1}) rather than keeping it live since the forward.
         _emit_row(s, n, log, "", bname[k - 1], f"A{k}_", rcp="_rcp_nc", pair=pair)
@@ -667,11 +570,6 @@ def _emit_reverse(
 
     def ensure_b(k):
         if k in have_b:
-            return
-        if f"B{k}_" in lm:
-            _emit_lm_get(s, n, f"B{k}_", lm[f"B{k}_"])
-            bname[k] = f"B{k}_"
-            have_b.add(k)
             return
         ensure_a(k)
         # (log variant only: the column step does not read the previous B)
@@ -688,14 +586,17 @@ def _emit_reverse(
             ensure_a(k - 1)
             ensure_b(k - 2)
         bk, bp = bname[k], bname[k - 1]
-        # column half-step of round k: B_k from (A_k, B_{k-1})
+        if log:
+            # the adjoint of A_k is nonzero only from the output (round T)
+            _emit_rev_round_log(s, n, f"A{k}_", bk, bp, rows, cols, 1, da_live=k == T)
+            continue
+        # deepseek: column half-step of round k, B_k from (A_k, B_{k-1})
         for j in R:
             s(f"dc{j} = -db{j} * {bk}{j} * {bk}{j}")
-            if not log:
-                s(
-                    f"db{j} = db{j} * eps * ({bk}{j} * _rcp({bp}{j}, FAST)) * "
-                    f"({bk}{j} * _rcp({bp}{j}, FAST))"
-                )
+            s(
+                f"db{j} = db{j} * eps * ({bk}{j} * _rcp({bp}{j}, FAST)) * "
+                f"({bk}{j} * _rcp({bp}{j}, FAST))"
+            )
         for i, j in itertools.product(rows, cols):
             s(f"y{i}{j} += A{k}_{i} * dc{j}")
         for i in R:
@@ -705,17 +606,14 @@ def _emit_reverse(
         # row half-step of round k: A_k from (A_{k-1}, B_{k-1})
         for i in R:
             s(f"dr{i} = -da{i} * A{k}_{i} * A{k}_{i}")
-            if log:
-                s(f"da{i} = tl.zeros((BLOCK,), tl.float32)")
-            else:
-                s(
-                    f"da{i} = da{i} * eps * (A{k}_{i} * _rcp(A{k - 1}_{i}, FAST)) * "
-                    f"(A{k}_{i} * _rcp(A{k - 1}_{i}, FAST))"
-                )
+            s(
+                f"da{i} = da{i} * eps * (A{k}_{i} * _rcp(A{k - 1}_{i}, FAST)) * "
+                f"(A{k}_{i} * _rcp(A{k - 1}_{i}, FAST))"
+            )
         for i, j in itertools.product(rows, cols):
             s(f"y{i}{j} += dr{i} * {bp}{j}")
         for j in R:
-            s(f"db{j} {'=' if log else '+='} " + " + ".join(f"x{i}{j} * dr{i}" for i in R))
+            s(f"db{j} += " + " + ".join(f"x{i}{j} * dr{i}" for i in R))
 
 
 _SMALL_CACHE: dict = {}
@@ -978,10 +876,9 @@ def sk_backward_triton(
         block, kw = _launch_cfg(cfg, m)
         _, bwd = _small_kernels(n, n_iters, variant, block=block)
         fast = m.is_cuda and not _interpreting()
-        per_lane = any(SMALL_BWD_OPTS[7:9]) or (SMALL_BWD_OPTS[10:11] or [None])[0] is not None
-        if fast and variant == "log" and per_lane and block != 32 * kw["num_warps"]:
-            # the local/shared-memory asm addresses one slot set per lane (_emit_lm_decl,
-            # _emit_sh_decl)
+        looped = (SMALL_BWD_OPTS[7:8] or [None])[0] is not None
+        if fast and variant == "log" and looped and block != 32 * kw["num_warps"]:
+            # the shared-memory asm addresses one slot set per lane (_emit_sh_decl)
             raise RuntimeError(f"SMALL_CONFIG['bwd'] = {cfg} needs BLOCK = 32 * num_warps")
         bwd[(cdiv(bsz, block),)](m, grad, out, bsz, eps, BLOCK=block, FAST=fast, **kw, **FP_FUSION)
         return out
