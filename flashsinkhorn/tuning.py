@@ -1,0 +1,94 @@
+"""Implementation switches: one object that holds every choice a user never needs to make.
+
+Each field selects between two implementations that give the same numbers (up to rounding):
+the default is the faster one measured on Hopper GPUs; the other is kept because tests pin both
+(and a kernel engineer may want to compare them). Nothing here changes the mathematics of a
+solve. Read the fields as ``TUNING.<name>``; change them for a block with :func:`override`,
+which restores the previous values on exit, also on error.
+
+>>> from flashsinkhorn import tuning
+>>> with tuning.override(solve_graphs=False):
+...     pass  # fixed-iteration solves launch from Python here
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+@dataclass
+class Tuning:
+    """The switches, with their defaults.
+
+    Attributes:
+        solve_graphs: capture fixed-iteration solves on CUDA as graphs and replay them
+            (solvers/graphs.py). False: every launch from Python.
+        max_solve_graphs: graphs kept by that cache (least recently used evicted).
+        cg_graphs: capture the conjugate-gradient blocks of the HVP as CUDA graphs.
+        prepare_path: where the canonical problem is computed: "auto" (Triton launches for
+            float32 CUDA clouds, torch otherwise), "triton" (also on CPU under the
+            interpreter) or "torch".
+        prepare_graphs: replay the Triton prepare launches from a CUDA graph.
+        plan_step: the symmetric step reads both soft-mins off one plan sweep where eligible
+            (backends/triton/plan.py). False: two soft-min sweeps (one fused launch).
+        softmin_split: force the number of column chunks of a split soft-min sweep; None lets
+            the occupancy policy decide.
+        transport_split: the same for the transport (P @ V) sweeps.
+        wave_split: transport sweeps are split to fill whole waves of resident blocks. False:
+            about four programs per SM.
+        inplace_merge: split transport sweeps merge their partials into the output in chunk
+            order. False: per-chunk partial buffers and a combine launch.
+        fp16_grad: at precision "tf32" the envelope gradient multiplies the probability tile
+            by the column points as a float16 tensor-core dot. False: a TF32 dot.
+        global_labels: read the label cost from global memory even when it fits on chip.
+        mhc_fused_dx: the mHC layer's backward fuses the residual input gradient.
+        mhc_gemm_phi_t: the mHC layer's projection GEMM reads the transposed weight.
+        mhc_small_bwd: generator options of the mHC projection backward (see mhc/docs).
+        mhc_gen_hs_max: largest half-block of the generated mHC kernels.
+    """
+
+    solve_graphs: bool = True
+    max_solve_graphs: int = 16
+    cg_graphs: bool = True
+    prepare_path: str = "auto"
+    prepare_graphs: bool = True
+    plan_step: bool = True
+    softmin_split: int | None = None
+    transport_split: int | None = None
+    wave_split: bool = True
+    inplace_merge: bool = True
+    fp16_grad: bool = True
+    global_labels: bool = False
+    mhc_fused_dx: bool = True
+    mhc_gemm_phi_t: bool = True
+    mhc_small_bwd: tuple = (20, True, False, 1, False, True, True, 10)
+    mhc_gen_hs_max: int = 64
+
+
+#: The switches in force.
+TUNING = Tuning()
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(Tuning))
+
+
+@contextlib.contextmanager
+def override(**changes) -> Iterator[Tuning]:
+    """Sets some switches for the duration of a ``with`` block, then restores them.
+
+    Raises:
+        ValueError: for a name that is not a field of :class:`Tuning`.
+    """
+    unknown = sorted(set(changes) - _FIELDS)
+    if unknown:
+        raise ValueError(f"unknown tuning switch(es) {unknown}; known: {sorted(_FIELDS)}")
+    saved = {k: getattr(TUNING, k) for k in changes}
+    for k, v in changes.items():
+        setattr(TUNING, k, v)
+    try:
+        yield TUNING
+    finally:
+        for k, v in saved.items():
+            setattr(TUNING, k, v)
