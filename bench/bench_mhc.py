@@ -65,8 +65,8 @@ FWD_CANDS = [
 ]
 BWD_CANDS = [
     (sk_triton.SMALL_BWD_OPTS, sk_triton.SMALL_CONFIG["bwd"]),
-    ((9, True, False, 2, False, True, True), (64, 2, 128)),  # the session-23 default
-    ((8, True, False, 2, False, True), (64, 2, 128)),  # the session-15 default
+    ((9, True, False, 2, False, True, True), (64, 2, 128)),  # the previous default (colsum, keep_a 9)
+    ((8, True, False, 2, False, True), (64, 2, 128)),  # the default before colsum (keep_a 8, ckpt 2)
     ((8, True, False), (64, 2)),
 ]
 DEEPSEEK_BWD = ((8, True, False, 2, False, True), (64, 2))

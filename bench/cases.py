@@ -1,6 +1,6 @@
 """Benchmark cases: problem sizes and the input generator shared by every provider.
 
-Protocol (DESIGN §4): x, y ~ U[0, 1]^d, random positive weights normalised to one,
+Protocol (bench/README.md): x, y ~ U[0, 1]^d, random positive weights normalised to one,
 eps = 0.1 for the full squared-Euclidean cost ``C_ij = ||x_i - y_j||^2``, a fixed number
 of iterations (no annealing, no early stop), float32 inputs.
 
@@ -67,7 +67,7 @@ class Case:
     params: dict = field(default_factory=dict)
 
     def select(self, device: str, quick: bool) -> tuple[Size, ...]:
-        """Sizes to run: tiny ones on CPU, the first (DESIGN-table) size with ``--quick``."""
+        """Sizes to run: tiny ones on CPU, the first (reference) size with ``--quick``."""
         if device == "cpu":
             return self.cpu_sizes
         return self.sizes[:1] if quick else self.sizes

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The HVP run on the GPU machine (issue: streaming HVP; see bench/README.md and docs/hvp.md).
+# The HVP run on the GPU machine (streaming HVP; see bench/README.md and docs/hvp.md).
 #
 #   bash bench/gpu_hvp.sh                 # into ./out
 #   OUT=/some/dir bash bench/gpu_hvp.sh

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # mHC on a GPU machine: the whole tests/mhc suite on CUDA (gpu-marked tests included), then the
-# benchmark. Output (logs and JSON) goes to $OUT when set, else bench/results/.
+# benchmark. Output (logs and JSON) goes to $OUT (default ./out); merge the JSON into
+# bench/results/ by hand.
 # The unrolled backward kernels take ~20 s of CPU each to compile, so the test files run as
 # three parallel pytest processes while three more processes compile the benchmark's candidate
 # kernels into Triton's cache (bench_mhc.py --precompile); the benchmark runs alone afterwards.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-bench/results}
+OUT=${OUT:-./out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1

@@ -7,7 +7,7 @@ Usage::
         --providers ours,flash-sinkhorn,geomloss,ott --out bench/results [--quick]
     python bench/run.py --cases fwd --providers geomloss,ott --device cpu --quick   # CPU smoke
 
-Protocol (DESIGN §4): x, y ~ U[0,1]^d, random normalised weights, eps = 0.1 for the full
+Protocol (bench/README.md): x, y ~ U[0,1]^d, random normalised weights, eps = 0.1 for the full
 squared-Euclidean cost, a fixed 10 iterations (no annealing, no early stop), fp32 inputs,
 TF32 allowed, CUDA-event timing, median after warm-up, first call reported separately.
 
@@ -394,7 +394,7 @@ def driver_main(args) -> int:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     tmp = Path(tempfile.mkdtemp(prefix="fsbench-"))
     if "TRITON_CACHE_DIR" not in os.environ and not args.keep_triton_cache:
-        env["TRITON_CACHE_DIR"] = str(tmp / "triton-session")  # shared by this run's workers
+        env["TRITON_CACHE_DIR"] = str(tmp / "triton-run")  # shared by this run's workers
 
     info = _device_info(args, env)
     if info.get("device") is None:

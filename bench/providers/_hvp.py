@@ -2,7 +2,7 @@
 
 Every provider of the case differentiates the *same* plan: the potentials come from one
 converged strict-fp32 solve of this library (``precision="ieee"``, outside the timed region)
-on the DESIGN §4 inputs of the size, and the direction A ~ N(0, 1) is drawn from a generator
+on the protocol inputs of the size, and the direction A ~ N(0, 1) is drawn from a generator
 seeded by the size. So the HVPs of the providers can be compared entry by entry.
 
 What is compared (Hessian of OT_eps(x, y) with respect to x, full cost ‖x − y‖², eps = 0.1):
@@ -115,7 +115,7 @@ def ott_potentials(res, a, b):
 
 def run_case(case, size, opts, make_fn, backend: str, precision: str = "ieee") -> dict:
     """Set up, time ``make_fn(x, y, a, b, A, res, cg_iters, tau)()`` (returns ``(H, iters)``)
-    with the DESIGN §4 protocol, then compare its output with the reference."""
+    with the protocol of bench/README.md, then compare its output with the reference."""
     from ._timing import measure_torch, release
 
     cg_iters = int(case.params.get("cg_iters", CG_ITERS))

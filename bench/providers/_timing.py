@@ -1,6 +1,6 @@
 """Timing and memory helpers shared by the PyTorch-based providers.
 
-Protocol (DESIGN §4): the first call (compilation, autotuning) is timed on its own and
+Protocol (bench/README.md): the first call (compilation, autotuning) is timed on its own and
 reported as ``first_call_s``; then warm-up calls; then ``reps`` calls, each timed with CUDA
 events (wall clock on CPU) and synchronised; the median is reported. Peak memory is
 ``torch.cuda.max_memory_allocated`` over one extra call after the timed ones.
@@ -51,7 +51,7 @@ def reps_for(estimate_s: float, timing: Timing) -> int:
 
 
 def measure_torch(fn, device, timing: Timing):
-    """Time ``fn`` (no arguments; returns its outputs) with the DESIGN §4 protocol.
+    """Time ``fn`` (no arguments; returns its outputs) with the protocol of bench/README.md.
 
     Returns ``(stats, out)`` where ``stats`` holds ``ms`` (median), ``ms_min``, ``reps``,
     ``first_call_s``, ``peak_mb`` (peak allocated during one call, inputs included) and

@@ -68,7 +68,7 @@ class Ours(Provider):
     def methods(self, kind: str, opts: Options) -> list[str]:
         if kind == "firstcall":
             return ["flashsinkhorn-sym-tf32"]
-        if kind == "hvp":  # strict fp32 is the protocol; TF32 as a second method
+        if kind == "hvp":  # strict fp32 is the reference protocol; TF32 as a second method
             return [f"flashsinkhorn-hvp-{p}" for p in HVP_PRECISIONS]
         out = [f"flashsinkhorn-{s}-{p}" for s in SCHEDULES for p in opts.precisions]
         if kind == "fwd":
