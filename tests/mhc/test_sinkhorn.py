@@ -3,8 +3,10 @@
 import pytest
 import torch
 
-from flashsinkhorn.mhc import sinkhorn_knopp, sinkhorn_knopp_reference, sk_triton
+from flashsinkhorn import tuning
+from flashsinkhorn.mhc import sinkhorn_knopp, sinkhorn_knopp_reference, sk_codegen, sk_triton
 from flashsinkhorn.mhc.sinkhorn import _sk_op
+from flashsinkhorn.tuning import TUNING
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -216,7 +218,7 @@ def test_triton_small_path_generator_options(device, monkeypatch, opts):
     # issued a round ahead), the late load of the upstream gradient, the paired reciprocals and
     # the last gradient column taken from the zero row sums, the last row from the known
     # column sums, and the first rounds looped over shared memory must not change the result
-    monkeypatch.setattr(sk_triton, "SMALL_BWD_OPTS", opts)
+    monkeypatch.setattr(TUNING, "mhc_small_bwd", opts)
     _check_triton(device, 4, "log", 53, 20, 80.0, "small")
     _check_triton(device, 4, "deepseek", 29, 20, 80.0, "small")
     if opts[2] or len(opts) > 3:
@@ -282,14 +284,25 @@ def test_small_backward_shared_memory_fits(block):
     import re
 
     for n_iters in (11, 20, 40, 100):
-        src = sk_triton._gen_small(4, n_iters, "log", *sk_triton.SMALL_BWD_OPTS, block=block)
+        src = sk_codegen.gen_small(4, n_iters, "log", *TUNING.mhc_small_bwd, block=block)
         (size,) = map(int, re.findall(r"fs_sh\[(\d+)\]", src))
-        assert 0 < size <= sk_triton.SH_BYTES_MAX
+        assert 0 < size <= sk_codegen.SH_BYTES_MAX
         assert f"tl.static_assert(BLOCK == {block})" in src
 
 
+def test_small_kernel_cache_keyed_by_tuning():
+    # the generator options in force are part of the kernel cache key
+    default = sk_triton._small_kernels(4, 5, "log")
+    assert sk_triton._small_kernels(4, 5, "log", TUNING.mhc_small_bwd) is default
+    with tuning.override(mhc_small_bwd=(0, True, False)):
+        other = sk_triton._small_kernels(4, 5, "log")
+        assert other is not default
+        assert other is sk_triton._small_kernels(4, 5, "log", (0, True, False))
+    assert sk_triton._small_kernels(4, 5, "log") is default
+
+
 def test_small_backward_inline_ptx_assembles():
-    opts = sk_triton.SMALL_BWD_OPTS
+    opts = TUNING.mhc_small_bwd
     ptx = _compile_sm90([(4, 20, opts), (3, 20, opts)])
     # rounds 1..10 looped over per-lane shared memory (20 slots of 16 B per lane)
     assert ".shared .align 16 .b8 fs_sh[20480]" in ptx["4"]
@@ -309,12 +322,12 @@ def test_triton_general_path(device, n, variant):
     _check_triton(device, n, variant, 3, 4, 4.0, "general")
 
 
-def test_triton_general_path_large_logits_and_segments(device, monkeypatch):
+def test_triton_general_path_large_logits_and_segments(device):
     _check_triton(device, 3, "log", 3, 6, 80.0, "general")
     # fewer on-chip slots than half-steps: the backward recomputes earlier segments
-    monkeypatch.setattr(sk_triton, "GEN_HS_MAX", 4)
-    _check_triton(device, 3, "log", 2, 5, 4.0, "general")
-    _check_triton(device, 3, "deepseek", 2, 5, 4.0, "general")
+    with tuning.override(mhc_gen_hs_max=4):
+        _check_triton(device, 3, "log", 2, 5, 4.0, "general")
+        _check_triton(device, 3, "deepseek", 2, 5, 4.0, "general")
 
 
 def test_triton_through_public_api(device):
