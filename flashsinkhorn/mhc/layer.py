@@ -10,9 +10,23 @@ The Triton path is two autograd Functions. ``_HCPre`` maps (X, φ, alphas, bias)
 (u, H_post, H_res) and also returns X itself so that ``_HCPost`` (the residual update) takes
 its X through ``_HCPre``: the gradient that the residual update sends to X then arrives in
 ``_HCPre.backward``, which folds it into the kernel that writes dX (no separate accumulation
-pass over an (T, n, C) tensor). With ``FUSED_DX`` (default) what travels along that edge is
-dX_next itself, not H_resᵀ·dX_next: ``_HCPre.backward`` applies H_resᵀ inside the dX kernel,
-so the X alias must have no other consumer (it is internal to ``HyperConnection.forward``).
+pass over an (T, n, C) tensor). With ``TUNING.mhc_fused_dx`` (default) what travels along that
+edge is dX_next itself, not H_resᵀ·dX_next: ``_HCPre.backward`` applies H_resᵀ inside the dX
+kernel, so the X alias must have no other consumer (it is internal to
+``HyperConnection.forward``).
+
+Implementation switches (:mod:`flashsinkhorn.tuning`, read when a forward runs):
+
+* ``TUNING.mhc_fused_dx``, the backward schedule. True: the residual update's backward hands
+  dX_next itself on as the gradient of the X alias, and ``_hc_dx_kernel`` applies H_resᵀ while
+  it writes dX (dX_res never goes through HBM); dφ = xᵀ·dh is a separate pass over X
+  (``_hc_dphi_kernel``). False: the residual backward writes dX_res = H_resᵀ·dX_next and one
+  K-major pass reads it back and computes dX and dφ together (``_hc_input_bwd_kernel``). The
+  layer's forward reads it once for both Functions and saves it on their autograd contexts, so
+  a change between forward and backward (or inside the branch) does not mix the schedules.
+* ``TUNING.mhc_gemm_phi_t``: the forward GEMM reads a K-major (NP, K) copy of φ (tf32 wgmma
+  takes it from shared memory without a transpose); False reads φ itself. Only for tf32: with
+  the ieee (CUDA-core) dot the copy doubled the forward on the H200 (3.3 → 6.8 ms).
 """
 
 from __future__ import annotations
@@ -20,6 +34,7 @@ from __future__ import annotations
 import torch
 
 from .._triton_launch import FP_FUSION, cdiv, cuda_sm_count, next_pow2
+from ..tuning import TUNING
 from . import layer_kernels as K
 from .reference import HyperConnectionReference
 from .sinkhorn import sinkhorn_knopp
@@ -27,22 +42,12 @@ from .sk_triton import sk_backward_triton, sk_forward_triton
 
 __all__ = ["HyperConnection"]
 
-# Backward schedule. True: the residual update's backward hands dX_next itself on as the
-# gradient of the X alias, and _hc_dx_kernel applies H_resᵀ while it writes dX (dX_res never
-# goes through HBM); dφ = xᵀ·dh is a separate pass over X (_hc_dphi_kernel). False: the
-# residual backward writes dX_res = H_resᵀ·dX_next and one K-major pass reads it back and
-# computes dX and dφ together (_hc_input_bwd_kernel).
-FUSED_DX = True
 # (token block, channel block, warps) of _hc_dx_kernel; (token block, K block, warps, programs
 # per SM) of _hc_dphi_kernel. The dX pass with the ieee dot (Triton's CUDA-core dot) wants
 # larger tiles: (16, 32, 2) takes it from 8.9 to 67 ms on the H200.
 DX_CFG = (16, 32, 2)
 DX_CFG_IEEE = (32, 32, 4)
 DPHI_CFG = (32, 128, 4, 2)
-# The forward GEMM reads a K-major (NP, K) copy of φ (tf32 wgmma takes it from shared memory
-# without a transpose); False reads φ itself. Only for tf32: with the ieee (CUDA-core) dot the
-# copy doubled the forward on the H200 (3.3 → 6.8 ms).
-GEMM_PHI_T = True
 
 
 def _num_sms(device: torch.device) -> int:
@@ -60,7 +65,7 @@ def _meta(n: int, C: int):
 
 class _HCPre(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, phi, a_pre, a_post, a_res, bias, cfg):
+    def forward(ctx, x, phi, a_pre, a_post, a_res, bias, cfg, fused):
         n_iters, variant, eps, rms_eps, prec = cfg
         T, n, C = x.shape
         Kd = n * C
@@ -75,7 +80,7 @@ class _HCPre(torch.autograd.Function):
         n_split = cdiv(Kd, k_split)
         y_part = torch.empty((n_split, T, NP), device=dev, dtype=torch.float32)
         ss_part = torch.empty((n_split, T), device=dev, dtype=torch.float32)
-        if GEMM_PHI_T and prec != "ieee":
+        if TUNING.mhc_gemm_phi_t and prec != "ieee":
             w = torch.zeros((NP, Kd), device=dev, dtype=phi.dtype)
             w[:N] = phi.t()
             s_wk, s_wn = 1, Kd
@@ -132,7 +137,7 @@ class _HCPre(torch.autograd.Function):
         K._hc_premix_kernel[(T, cdiv(C, BC))](x, coef, u, n, C, NS=NS, BC=BC, **FP_FUSION)
         ctx.save_for_backward(x, phi, a_pre, a_post, a_res, y_raw, r, coef, res_logits, h_res)
         ctx.cfg = cfg
-        ctx.fused = FUSED_DX
+        ctx.fused = fused
         h_post = coef[:, n:]
         return u, h_post, h_res, x.view_as(x)
 
@@ -259,12 +264,13 @@ class _HCPre(torch.autograd.Function):
             d_a_res.to(a_res.dtype),
             d_bias.to(phi.dtype),
             None,
+            None,
         )
 
 
 class _HCPost(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, f, h_post, h_res):
+    def forward(ctx, x, f, h_post, h_res, fused):
         T, n, C = x.shape
         NS, _, _ = _meta(n, C)
         f = f.contiguous()
@@ -275,7 +281,7 @@ class _HCPost(torch.autograd.Function):
             x, f, coef, h_res, out, n, C, NS=NS, BC=BC, **FP_FUSION
         )
         ctx.save_for_backward(x, f, coef, h_res)
-        ctx.fused = FUSED_DX
+        ctx.fused = fused
         return out
 
     @staticmethod
@@ -307,7 +313,7 @@ class _HCPost(torch.autograd.Function):
             WRITE_DX=not ctx.fused,
             **FP_FUSION,
         )
-        return dx, df, dpost, dhres
+        return dx, df, dpost, dhres, None
 
 
 def _post_coef(h_post: torch.Tensor) -> torch.Tensor:
@@ -399,11 +405,14 @@ class HyperConnection(HyperConnectionReference):
         if variant == "deepseek" and eps == 0.0:
             variant = "log"
         cfg = (self.n_iters, variant, float(eps), float(self.rms_eps), self.gemm_precision)
+        # read once: both Functions must use the same backward schedule even if the branch
+        # changes the switch
+        fused = bool(TUNING.mhc_fused_dx)
         u, h_post, h_res, x_alias = _HCPre.apply(
-            x3, self.phi, self.alpha_pre, self.alpha_post, self.alpha_res, self.bias, cfg
+            x3, self.phi, self.alpha_pre, self.alpha_post, self.alpha_res, self.bias, cfg, fused
         )
         f = u if branch is None else branch(u.view(*lead, C)).reshape(-1, C)
-        out = _HCPost.apply(x_alias, f.to(x.dtype), h_post, h_res)
+        out = _HCPost.apply(x_alias, f.to(x.dtype), h_post, h_res, fused)
         return out.view(*lead, n, C)
 
     def _forward_torch(self, x: torch.Tensor, branch) -> torch.Tensor:

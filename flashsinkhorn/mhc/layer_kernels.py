@@ -10,9 +10,10 @@ Forward: ``_hc_gemm_rms_kernel`` (split-K x·φ and Σx², one pass over X) →
 Backward: ``_hc_residual_bwd_kernel`` (dF, dH_post, dH_res in one pass over dX_next, X, F) →
 ``_hc_premix_bwd_kernel`` (dH_pre) → coefficient backward (tiny, torch and the projection
 backward) → ``_hc_dx_kernel`` (dX = H_resᵀ·dX_next + H_pre⊗du + dh·φᵀ + RMS term, by token
-blocks) and ``_hc_dphi_kernel`` (partial dφᵀ = dhᵀ·x, K-major over token splits). The previous
-schedule (``layer.FUSED_DX = False``): the residual backward also writes dX_res = H_resᵀ·dX_next
-and ``_hc_input_bwd_kernel`` reads it back, writing dX and accumulating dφ in one pass over X.
+blocks) and ``_hc_dphi_kernel`` (partial dφᵀ = dhᵀ·x, K-major over token splits). The unfused
+schedule (``TUNING.mhc_fused_dx = False``, :mod:`flashsinkhorn.tuning`): the residual backward
+also writes dX_res = H_resᵀ·dX_next and ``_hc_input_bwd_kernel`` reads it back, writing dX and
+accumulating dφ in one pass over X.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from flashsinkhorn.mhc import HyperConnection, HyperConnectionReference, layer
+from flashsinkhorn.mhc import HyperConnection, HyperConnectionReference
+from flashsinkhorn.tuning import TUNING
 
 
 def _pair(C, n, n_iters, variant, backend, seed=0, dtype=torch.float32):
@@ -64,9 +65,35 @@ def _compare(hc, ref, lead, n, C, device, tol):
 @pytest.mark.parametrize("variant", ["log", "deepseek"])
 def test_triton_layer_matches_reference(device, variant, fused, monkeypatch):
     # both backward schedules (dX_res fused into the dX pass, or written and read back)
-    monkeypatch.setattr(layer, "FUSED_DX", fused)
+    monkeypatch.setattr(TUNING, "mhc_fused_dx", fused)
     hc, ref = _pair(48, 4, 5, variant, "triton")
     _compare(hc, ref, (37,), 4, 48, device, 1e-4)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_triton_layer_schedule_read_once_per_forward(device, fused, monkeypatch):
+    # the branch runs between the two autograd Functions of the layer: a schedule switch that
+    # it flips must not leave them with different backward schedules
+    monkeypatch.setattr(TUNING, "mhc_fused_dx", fused)
+    hc, ref = _pair(16, 2, 3, "log", "triton", seed=5)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 2, 16, generator=gen, dtype=torch.float64)
+    g = torch.randn(5, 2, 16, generator=gen, dtype=torch.float64)
+    xr = x.clone().requires_grad_(True)
+    o_ref = ref(xr, torch.tanh)
+    (dx_ref,) = torch.autograd.grad((o_ref * g).sum(), xr)
+
+    def branch(u):
+        TUNING.mhc_fused_dx = not fused
+        return torch.tanh(u)
+
+    hc = hc.to(device)
+    xt = x.to(device, torch.float32).requires_grad_(True)
+    o = hc(xt, branch)
+    assert TUNING.mhc_fused_dx is (not fused)
+    (dx,) = torch.autograd.grad((o * g.to(device, torch.float32)).sum(), xt)
+    torch.testing.assert_close(o.double().cpu(), o_ref.detach(), rtol=0, atol=1e-4)
+    torch.testing.assert_close(dx.double().cpu(), dx_ref, rtol=0, atol=1e-4)
 
 
 def test_triton_layer_odd_shapes(device):
@@ -134,7 +161,7 @@ def test_example_runs():
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("variant", ["log", "deepseek"])
 def test_gpu_layer_matches_reference(variant, fused, monkeypatch):
-    monkeypatch.setattr(layer, "FUSED_DX", fused)
+    monkeypatch.setattr(TUNING, "mhc_fused_dx", fused)
     hc, ref = _pair(1000, 4, 20, variant, "triton", seed=7)
     _compare(hc, ref, (3, 67), 4, 1000, "cuda", 1e-4)
     hc.gemm_precision = "tf32"
