@@ -35,3 +35,15 @@ __all__ += ["otdd"]
 from . import distributed  # noqa: E402
 
 __all__ += ["distributed"]
+
+# mHC (batched small-matrix Sinkhorn–Knopp and the hyper-connection layer): flashsinkhorn.mhc.
+# Imported on first access: it imports Triton at module level (~150 ms on CPU).
+__all__ += ["mhc"]
+
+
+def __getattr__(name: str):
+    if name == "mhc":
+        import importlib
+
+        return importlib.import_module(".mhc", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
