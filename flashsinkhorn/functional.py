@@ -1,23 +1,14 @@
-"""Functional API: validate, build the canonical problem, pick a backend, run the solver."""
+"""Functional API: validate the arguments into options, then run the engine."""
 
 from __future__ import annotations
 
 import torch
 
 from . import _validation as V
-from .backends import resolve_backend, select_path
-from .costs import CostSpec, check_cost, transform_points
-from .problem import prepare
+from .costs import transform_points
+from .engine import solve_points
+from .options import SinkhornOptions, public_options
 from .result import SinkhornResult
-from .solvers import SolveState, dual_value, eps_schedule, estimate_diameter, graphs, solve
-
-
-def resolve_precision(precision: str, backend_name: str, dtype: torch.dtype) -> str:
-    """ "auto" is TF32 (on pre-rounded points) for fp32 Triton solves and exact fp32 otherwise."""
-    V.check_choice("precision", precision, V.PRECISIONS)
-    if precision != "auto":
-        return precision
-    return "tf32" if backend_name == "triton" and dtype == torch.float32 else "ieee"
 
 
 def sinkhorn(
@@ -107,104 +98,10 @@ def sinkhorn(
     Raises:
         ValueError, TypeError: for invalid arguments, naming the argument.
     """
-    eps = V.check_positive("eps", eps)
-    n_iters = V.check_int("n_iters", n_iters, 1)
-    tol = V.check_positive("tol", tol, allow_none=True)
-    check_every = V.check_int("check_every", check_every, 1)
-    V.check_choice("schedule", schedule, V.SCHEDULES)
-    scaling = V.check_scaling(scaling)
-    diameter = V.check_positive("diameter", diameter, allow_none=True)
-    rho_x = V.check_positive("rho_x", rho_x, allow_none=True)
-    rho_y = V.check_positive("rho_y", rho_y, allow_none=True)
-    V.check_choice("backend", backend, V.BACKENDS)
-    V.check_choice("precision", precision, V.PRECISIONS)
-    V.check_choice("path", path, V.PATHS)
     V.check_points("x", x)
     V.check_points("y", y)
     V.check_pair(x, y)
-    spec = check_cost(
-        x, y, cost=cost, feature_map=feature_map, label_x=label_x, label_y=label_y,
-        label_cost=label_cost, feature_weight=feature_weight, label_weight=label_weight,
-    )  # fmt: skip
+    opts = SinkhornOptions.build(x, y, **public_options(locals()))
     with torch.no_grad():
-        x, y = transform_points(x, spec), transform_points(y, spec)
-    return solve_points(
-        x, y, a, b, spec, eps=eps, n_iters=n_iters, tol=tol, check_every=check_every,
-        schedule=schedule, scaling=scaling, diameter=diameter, rho_x=rho_x, rho_y=rho_y,
-        backend=backend, precision=precision, check_finite=check_finite, path=path,
-    )  # fmt: skip
-
-
-def solve_points(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    a: torch.Tensor | None,
-    b: torch.Tensor | None,
-    spec: CostSpec,
-    *,
-    eps: float,
-    n_iters: int,
-    tol: float | None,
-    check_every: int,
-    schedule: str,
-    scaling: float | None,
-    diameter: float | None,
-    rho_x: float | None,
-    rho_y: float | None,
-    backend: str,
-    precision: str,
-    check_finite: bool,
-    path: str,
-    sq_floor: float = 0.0,
-) -> SinkhornResult:
-    """:func:`sinkhorn` on points already mapped by ``costs.transform_points`` (arguments
-    already validated): the kernel cost and labels of ``spec`` go into the problem."""
-    impl = resolve_backend(backend, x.device, x.dtype)
-    prec = resolve_precision(precision, impl.name, x.dtype)
-    with torch.no_grad():
-        problem = prepare(
-            x, y, a, b, rho_x=rho_x, rho_y=rho_y, precision=prec, check_finite=check_finite,
-            cost=spec.kernel_cost, labels=spec.labels_for_prepare(), sq_floor=sq_floor,
-        )  # fmt: skip
-        impl = select_path(impl, problem, path)
-        if scaling is not None and diameter is None:
-            diameter = estimate_diameter(problem.X.x, problem.Y.x)
-        power = 1 if problem.cost == "euclidean" else 2
-        offset = 0.0
-        if problem.has_labels and scaling is not None:
-            offset = float(problem.X.lcost.max())
-        eps_list = eps_schedule(eps, scaling, diameter, power, offset)
-
-        def run():
-            st = solve(problem, impl, eps_list=eps_list, n_iters=n_iters, tol=tol,
-                       check_every=check_every, schedule=schedule)  # fmt: skip
-            return st, dual_value(problem, st.f, st.g, st.eps, impl)
-
-        # A fixed number of iterations never synchronises: on CUDA the solve and its value may
-        # be replayed from a cached graph (solvers/graphs.py).
-        key = None
-        if tol is None:
-            key = graphs.solve_key(problem, impl, eps_list, n_iters, schedule)
-        if key is None:
-            state, value = run()
-        else:
-            f, g, value = graphs.run(key, lambda: _tensors(*run()), problem.device)
-            state = SolveState(f, g, eps_list[-1], len(eps_list) - 1 + n_iters, False, None)
-    return SinkhornResult(
-        problem=problem,
-        backend=impl,
-        f=state.f,
-        g=state.g,
-        value=value,
-        eps=state.eps,
-        n_iters=state.n_iters,
-        converged=state.converged,
-        marginal_error=state.marginal_error,
-        errors=state.errors,
-        schedule=schedule,
-    )
-
-
-def _tensors(state: SolveState, value: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    # what a graphed fixed-iteration solve hands back (the rest of the state is known)
-    return state.f, state.g, value
+        x, y = transform_points(x, opts.cost), transform_points(y, opts.cost)
+    return solve_points(x, y, a, b, opts)

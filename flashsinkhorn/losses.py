@@ -8,46 +8,25 @@ HVP of :mod:`flashsinkhorn.hessian`.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from . import _validation as V
 from .autograd import OTCostFunction
-from .costs import CostSpec, check_cost, transform_points
-from .functional import solve_points
+from .costs import transform_points
+from .engine import solve_points
+from .options import SinkhornOptions, public_options
 from .solvers import estimate_diameter
 
 
-def _solver(spec: CostSpec, **options):
-    def solve(x, y, a, b):
-        # Validated like sinkhorn()'s arguments; x and y are already transformed.
-        _check_options(**options)
-        return solve_points(x, y, a, b, spec, path="auto", **options)
-
-    return solve
-
-
-def _check_options(*, eps, n_iters, tol, check_every, schedule, scaling, diameter, rho_x,
-                   rho_y, backend, precision, check_finite):  # fmt: skip
-    V.check_positive("eps", eps)
-    V.check_int("n_iters", n_iters, 1)
-    V.check_positive("tol", tol, allow_none=True)
-    V.check_int("check_every", check_every, 1)
-    V.check_choice("schedule", schedule, V.SCHEDULES)
-    V.check_scaling(scaling)
-    V.check_positive("diameter", diameter, allow_none=True)
-    V.check_positive("rho_x", rho_x, allow_none=True)
-    V.check_positive("rho_y", rho_y, allow_none=True)
-    V.check_choice("backend", backend, V.BACKENDS)
-    V.check_choice("precision", precision, V.PRECISIONS)
-
-
-def _ot_cost_points(x, y, a, b, spec: CostSpec, hvp_options, **options) -> torch.Tensor:
+def _ot_cost_points(x, y, a, b, opts: SinkhornOptions) -> torch.Tensor:
     """OT_eps of already transformed points (differentiable, label_cost included)."""
-    solve = _solver(spec, **options)
+    spec = opts.cost
+
+    def solve(x, y, a, b):
+        return solve_points(x, y, a, b, opts)
+
     return OTCostFunction.apply(
-        x, y, a, b, solve, hvp_options, spec.label_cost, spec.label_weight, spec.is_default
+        x, y, a, b, solve, opts.hvp, spec.label_cost, spec.label_weight, spec.is_default
     )
 
 
@@ -123,16 +102,9 @@ def ot_cost(
     V.check_points("x", x)
     V.check_points("y", y)
     V.check_pair(x, y)
-    spec = check_cost(
-        x, y, cost=cost, feature_map=feature_map, label_x=label_x, label_y=label_y,
-        label_cost=label_cost, feature_weight=feature_weight, label_weight=label_weight,
-    )  # fmt: skip
-    return _ot_cost_points(
-        transform_points(x, spec), transform_points(y, spec), a, b, spec, hvp_options,
-        eps=eps, n_iters=n_iters, tol=tol, check_every=check_every, schedule=schedule,
-        scaling=scaling, diameter=diameter, rho_x=rho_x, rho_y=rho_y, backend=backend,
-        precision=precision, check_finite=check_finite,
-    )  # fmt: skip
+    opts = SinkhornOptions.build(x, y, hvp_options=hvp_options, **public_options(locals()))
+    return _ot_cost_points(transform_points(x, opts.cost), transform_points(y, opts.cost), a, b,
+                           opts)  # fmt: skip
 
 
 def _batched(t: torch.Tensor) -> torch.Tensor:
@@ -186,32 +158,26 @@ def sinkhorn_divergence(
     V.check_points("x", x)
     V.check_points("y", y)
     V.check_pair(x, y)
-    spec = check_cost(
-        x, y, cost=cost, feature_map=feature_map, label_x=label_x, label_y=label_y,
-        label_cost=label_cost, feature_weight=feature_weight, label_weight=label_weight,
-    )  # fmt: skip
+    opts = SinkhornOptions.build(x, y, hvp_options=hvp_options, **public_options(locals()))
+    spec = opts.cost
     xt, yt = transform_points(x, spec), transform_points(y, spec)
-    if scaling is not None and diameter is None:
-        V.check_scaling(scaling)
+    if opts.scaling is not None and opts.diameter is None:
         with torch.no_grad():
             diameter = estimate_diameter(_batched(xt.detach()), _batched(yt.detach()))
-        diameter = diameter if diameter > 0 else None
-    common = dict(
-        eps=eps, n_iters=n_iters, tol=tol, check_every=check_every, schedule=schedule,
-        scaling=scaling, diameter=diameter, backend=backend, precision=precision,
-        check_finite=check_finite,
-    )  # fmt: skip
-    ot = functools.partial(_ot_cost_points, hvp_options=hvp_options, **common)
-    xy = ot(xt, yt, a, b, spec, rho_x=rho_x, rho_y=rho_y)
-    xx = ot(xt, xt, a, a, spec.with_labels(spec.label_x, spec.label_x), rho_x=rho_x, rho_y=rho_x)
-    yy = ot(yt, yt, b, b, spec.with_labels(spec.label_y, spec.label_y), rho_x=rho_y, rho_y=rho_y)
+        opts = opts.replace(diameter=diameter if diameter > 0 else None)
+    rho_x, rho_y = opts.rho_x, opts.rho_y
+    xy = _ot_cost_points(xt, yt, a, b, opts)
+    xx = _ot_cost_points(xt, xt, a, a, opts.replace(
+        rho_y=rho_x, cost=spec.with_labels(spec.label_x, spec.label_x)))  # fmt: skip
+    yy = _ot_cost_points(yt, yt, b, b, opts.replace(
+        rho_x=rho_y, cost=spec.with_labels(spec.label_y, spec.label_y)))  # fmt: skip
     div = xy - 0.5 * (xx + yy)
     if rho_x is None and rho_y is None:
         return div
     # Unbalanced debiasing (Séjourné et al.): with the generalised KL in OT_eps, the two
     # self terms over-correct by eps/2 (m_a − m_b)²; adding it back keeps S >= 0 (the fuzzing
     # found S < 0 without it). It vanishes for equal masses.
-    return div + 0.5 * eps * (_mass(a, x, div) - _mass(b, y, div)) ** 2
+    return div + 0.5 * opts.eps * (_mass(a, x, div) - _mass(b, y, div)) ** 2
 
 
 def _mass(w: torch.Tensor | None, points: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

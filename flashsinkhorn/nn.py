@@ -9,7 +9,9 @@ import torch
 
 from . import _validation as V
 from .autograd.samples_loss import GeomLossSpec, SamplesLossFunction, geomloss_potentials
+from .costs import COST_DEFAULTS
 from .losses import sinkhorn_divergence
+from .options import SOLVER_DEFAULTS, SinkhornOptions
 
 _GEOMLOSS_BACKENDS = {
     "auto": "auto",
@@ -31,21 +33,23 @@ class SinkhornDivergence(torch.nn.Module):
         eps: entropic regularisation in squared-distance units.
         **options: any keyword of :func:`flashsinkhorn.sinkhorn_divergence` (n_iters, tol,
             check_every, schedule, scaling, diameter, rho_x, rho_y, backend, precision,
-            check_finite, and the cost options cost, feature_map, label_x, label_y,
-            label_cost, feature_weight, label_weight of docs/costs.md).
+            check_finite, hvp_options, and the cost options cost, feature_map, label_x,
+            label_y, label_cost, feature_weight, label_weight of docs/costs.md). The solver
+            settings are validated here.
     """
 
     def __init__(self, eps: float, **options: Any):
         super().__init__()
         self.eps = V.check_positive("eps", eps)
-        allowed = {
-            "n_iters", "tol", "check_every", "schedule", "scaling", "diameter", "rho_x",
-            "rho_y", "backend", "precision", "check_finite", "cost", "feature_map", "label_x",
-            "label_y", "label_cost", "feature_weight", "label_weight",
-        }  # fmt: skip
+        allowed = (set(SOLVER_DEFAULTS) - {"path"}) | set(COST_DEFAULTS) | {"hvp_options"}
         unknown = set(options) - allowed
         if unknown:
             raise TypeError(f"SinkhornDivergence got unexpected options: {sorted(unknown)}")
+        # The solver settings are checked now; the cost ones need the clouds (at the call).
+        SinkhornOptions.build(
+            eps=self.eps, hvp_options=options.get("hvp_options"),
+            **{k: v for k, v in options.items() if k in SOLVER_DEFAULTS},
+        )  # fmt: skip
         self.options = options
 
     def forward(

@@ -9,11 +9,15 @@ squared norms, weights and log-weights, all contiguous.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
 
 from . import _validation as V
+
+#: A backend's implementation of ``prepare``'s arithmetic (see :func:`prepare`).
+SidesFn = Callable[..., tuple]
 
 
 @dataclass(frozen=True)
@@ -214,6 +218,7 @@ def prepare(
     cost: str = "sqeuclidean",
     labels: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     sq_floor: float = 0.0,
+    sides: SidesFn | None = None,
 ) -> Problem:
     """Validates the clouds and weights and builds the canonical :class:`Problem`.
 
@@ -232,6 +237,9 @@ def prepare(
             validated (``costs.check_cost``), and W (V, V) already multiplied by
             label_weight; or None.
         sq_floor: floor of the squared distance of the euclidean cost.
+        sides: a backend's implementation of the arithmetic (``backends.prepare_sides``):
+            called as ``sides(X, Y, a, b, rho_x, rho_y, precision, checks)`` on the batched
+            clouds, it returns ``(side_x, side_y, centre)``; None uses torch operations.
 
     Returns:
         The problem with centred points; the caller's tensors are not modified.
@@ -251,12 +259,12 @@ def prepare(
     scaled = X.dtype == torch.float32 and precision in ("tf32", "tf32x3")
     balanced = rho_x is None and rho_y is None
     # Value checks: float64 weights are often float32 ones upcast, so allow their rounding.
-    checks = _Checks(
+    checks = Checks(
         a is not None, b is not None, balanced, scaled or check_finite, check_finite,
         1e-6 if pdtype == torch.float64 else 1e-4,
     )  # fmt: skip
-    if _fused(X, Y):
-        side_x, side_y, centre = _prepare_fused(X, Y, a, b, rho_x, rho_y, precision, checks)
+    if sides is not None:
+        side_x, side_y, centre = sides(X, Y, a, b, rho_x, rho_y, precision, checks)
     else:
         wa = _weights(a, B, n, X, pdtype)
         wb = _weights(b, B, m, Y, pdtype)
@@ -266,20 +274,8 @@ def prepare(
     return Problem(side_x, side_y, batched, precision, centre)
 
 
-#: Where ``prepare`` runs its arithmetic: "auto" (the three Triton launches of
-#: backends/triton/prepare.py for float32 CUDA clouds, torch otherwise), "triton" (also on CPU
-#: under the interpreter; tests) or "torch".
-PREPARE_PATH = "auto"
-
-
-def _fused(X: torch.Tensor, Y: torch.Tensor) -> bool:
-    if PREPARE_PATH == "torch" or X.dtype != torch.float32 or Y.dtype != torch.float32:
-        return False
-    return PREPARE_PATH == "triton" or X.is_cuda
-
-
 @dataclass(frozen=True)
-class _Checks:
+class Checks:
     """What the value checks of ``prepare`` look at: given weights, their mass gap (balanced
     problems with a given weight vector) and the largest centred coordinate (finiteness of
     the points, and the float16 operand scale)."""
@@ -306,7 +302,7 @@ class _Checks:
         return bool(self.names) or self.amax
 
 
-def _check_values(per: dict, gap: float, amax: float, checks: _Checks, X, Y) -> None:
+def check_values(per: dict, gap: float, amax: float, checks: Checks, X, Y) -> None:
     """Raises for invalid weights or points from the statistics read in one synchronisation.
 
     ``per`` maps a given weight's name to (min, max, smallest total mass over the batch); a
@@ -334,7 +330,7 @@ def _check_values(per: dict, gap: float, amax: float, checks: _Checks, X, Y) -> 
         )
 
 
-def _prepare_torch(X, Y, wa, wb, rho_x, rho_y, precision, checks: _Checks):
+def _prepare_torch(X, Y, wa, wb, rho_x, rho_y, precision, checks: Checks):
     """The sides and centre with torch operations (any device and dtype)."""
     pdtype = wa.dtype
     ma, mb = wa.sum(-1), wb.sum(-1)
@@ -368,7 +364,7 @@ def _prepare_torch(X, Y, wa, wb, rho_x, rho_y, precision, checks: _Checks):
     per = {nm: wvals[3 * k : 3 * k + 3] for k, (nm, _, _) in enumerate(given)}
     amax = rest[-1] if checks.amax else 0.0
     gap = rest[0] if checks.gap else 0.0
-    _check_values(per, gap, amax, checks, X, Y)
+    check_values(per, gap, amax, checks, X, Y)
     # Zero-weight points (see Side.has_null).
     null_a = "a" in per and per["a"][0] == 0
     null_b = "b" in per and per["b"][0] == 0
@@ -376,40 +372,6 @@ def _prepare_torch(X, Y, wa, wb, rho_x, rho_y, precision, checks: _Checks):
     kscale = kernel_scale(precision, amax) if scaled else 1.0
     side_x = centred_side(Xc, X.dtype, wa, rho_x, precision, kscale, null_a, mean_x)
     side_y = centred_side(Yc, X.dtype, wb, rho_y, precision, kscale, null_b, mean_y)
-    return side_x, side_y, centre
-
-
-def _prepare_fused(X, Y, a, b, rho_x, rho_y, precision, checks: _Checks):
-    """The sides and centre of float32 clouds in three Triton launches and the same one
-    synchronisation (backends/triton/prepare.py)."""
-    from .backends.triton import prepare as tp
-
-    tp.precompile(X, Y, a, b, precision)
-    outs = tp.outputs(X, Y, a, b, precision)
-    centre, st = tp.run_stats(X, Y, a, b, outs)
-    rows = st.tolist() if checks.any else []
-    per = {}
-    for nm, k, nan in (("a", 0, 7), ("b", 3, 8)):
-        if nm in checks.names:
-            lo = min(r[k] for r in rows)
-            if any(r[nan] > 0 for r in rows):
-                lo = math.nan
-            per[nm] = (lo, max(r[k + 1] for r in rows), min(r[k + 2] for r in rows))
-    gap = 0.0
-    if checks.gap:
-        gap = max(abs(r[2] - r[5]) / max(r[2], r[5]) if max(r[2], r[5]) > 0 else math.nan
-                  for r in rows)  # fmt: skip
-    amax = max(r[6] for r in rows) if checks.amax else 0.0
-    _check_values(per, gap, amax, checks, X, Y)
-    scaled = precision in ("tf32", "tf32x3")
-    kscale = kernel_scale(precision, amax) if scaled else 1.0
-    ox, oy = tp.run_sides(X, Y, a, b, centre, precision, kscale, outs)
-    null_a = "a" in per and per["a"][0] == 0
-    null_b = "b" in per and per["b"][0] == 0
-    side_x = Side(ox["x"], ox["sq"], ox["w"], ox["logw"], rho_x, ox["xk"], kscale, null_a,
-                  mean=ox["mean"])  # fmt: skip
-    side_y = Side(oy["x"], oy["sq"], oy["w"], oy["logw"], rho_y, oy["xk"], kscale, null_b,
-                  mean=oy["mean"])  # fmt: skip
     return side_x, side_y, centre
 
 

@@ -2,12 +2,37 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .backends.base import Backend
 from .problem import Problem
 from .solvers.objective import marginal_error as _marginal_error
 from .solvers.objective import marginals as _marginals
+
+
+@dataclass(frozen=True)
+class Solution:
+    """What the operators built on a solve read from it (autograd, Hessian, OTDD).
+
+    This is the library's internal interface to a result: the canonical problem, the backend
+    that solved it and the potentials in batched form, so that gradients and transports
+    apply the plan actually computed.
+
+    Attributes:
+        problem: the canonical (centred, batched) problem.
+        backend: the backend of the solve (its path included).
+        f: (B, n) potential of x.
+        g: (B, m) potential of y.
+        eps: the final eps.
+    """
+
+    problem: Problem
+    backend: Backend
+    f: torch.Tensor
+    g: torch.Tensor
+    eps: float
 
 
 class SinkhornResult:
@@ -28,6 +53,8 @@ class SinkhornResult:
         path: "streaming" (cost tiles recomputed on chip) or "dense" (stored scores).
         precision: dot-product precision used ("ieee", "tf32", "tf32x3").
         schedule: "symmetric" or "alternating".
+        solution: the :class:`Solution` (batched potentials, problem, backend) that
+            gradients and transport operators read.
     """
 
     def __init__(
@@ -45,10 +72,7 @@ class SinkhornResult:
         errors: list[tuple[int, float]],
         schedule: str,
     ):
-        self._problem = problem
-        self._backend = backend
-        self._f = f
-        self._g = g
+        self.solution = Solution(problem, backend, f, g, eps)
         self._error = marginal_error
         self.f = problem.unbatch(f)
         self.g = problem.unbatch(g)
@@ -72,21 +96,21 @@ class SinkhornResult:
         if self._error is None:
             with torch.no_grad():
                 self._error = _marginal_error(
-                    self._problem, self._backend, self._f, self._g, self.eps
+                    self.solution.problem, self.solution.backend, self.solution.f, self.solution.g, self.eps
                 )
-        return self._problem.unbatch(self._error)
+        return self.solution.problem.unbatch(self._error)
 
     def marginals(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Row and column marginals (P1, Pᵀ1) of the plan, shapes like ``f`` and ``g``."""
         with torch.no_grad():
-            ra, rb = _marginals(self._problem, self._backend, self._f, self._g, self.eps)
-        return self._problem.unbatch(ra), self._problem.unbatch(rb)
+            ra, rb = _marginals(self.solution.problem, self.solution.backend, self.solution.f, self.solution.g, self.eps)
+        return self.solution.problem.unbatch(ra), self.solution.problem.unbatch(rb)
 
     # ----- transport operators (streaming; no n × m tensor except in plan()) -----
 
     def _values(self, name: str, V: torch.Tensor, n: int) -> tuple[torch.Tensor, bool]:
         """Validates values for apply/apply_T; returns them as (B, n, p) and a vector flag."""
-        problem = self._problem
+        problem = self.solution.problem
         if not isinstance(V, torch.Tensor) or not V.is_floating_point():
             raise TypeError(f"{name} must be a real floating torch.Tensor, got {type(V).__name__}")
         if V.device != problem.device:
@@ -103,7 +127,7 @@ class SinkhornResult:
         return W.to(problem.dtype), vector
 
     def _finish(self, out: torch.Tensor, vector: bool) -> torch.Tensor:
-        out = self._problem.unbatch(out)
+        out = self.solution.problem.unbatch(out)
         return out[..., 0] if vector else out
 
     def apply(self, V: torch.Tensor) -> torch.Tensor:
@@ -115,13 +139,13 @@ class SinkhornResult:
         Returns:
             (n, p) or (n,) (batched: (B, n, p) or (B, n)), potential dtype. Not differentiable.
         """
-        problem = self._problem
+        problem = self.solution.problem
         W, vector = self._values("V", V, problem.Y.n)
         with torch.no_grad():
-            out, _ = self._backend.transport(
-                problem.X, problem.Y, self._f, self._g, self.eps, W, None, None, problem.precision
+            out, _ = self.solution.backend.transport(
+                problem.X, problem.Y, self.solution.f, self.solution.g, self.eps, W, None, None, problem.precision
             )
-        return self._finish(out, vector)
+        return self.solution.finish(out, vector)
 
     def apply_T(self, U: torch.Tensor) -> torch.Tensor:
         """Pᵀ @ U in one streaming pass.
@@ -132,13 +156,13 @@ class SinkhornResult:
         Returns:
             (m, p) or (m,) (batched: (B, m, p) or (B, m)), potential dtype. Not differentiable.
         """
-        problem = self._problem
+        problem = self.solution.problem
         W, vector = self._values("U", U, problem.X.n)
         with torch.no_grad():
-            out, _ = self._backend.transport(
-                problem.Y, problem.X, self._g, self._f, self.eps, W, None, None, problem.precision
+            out, _ = self.solution.backend.transport(
+                problem.Y, problem.X, self.solution.g, self.solution.f, self.eps, W, None, None, problem.precision
             )
-        return self._finish(out, vector)
+        return self.solution.finish(out, vector)
 
     def barycentric_map(self) -> torch.Tensor:
         """Entropic barycentric projection T(x_i) = (P y)_i / â_i, with â = P 1.
@@ -151,11 +175,11 @@ class SinkhornResult:
         Returns:
             (n, d) or (B, n, d), potential dtype.
         """
-        problem = self._problem
+        problem = self.solution.problem
         X, Y = problem.X, problem.Y
         with torch.no_grad():
-            py, marg = self._backend.transport(
-                X, Y, self._f, self._g, self.eps, Y.x, None, None, problem.precision
+            py, marg = self.solution.backend.transport(
+                X, Y, self.solution.f, self.solution.g, self.eps, Y.x, None, None, problem.precision
             )
             xc = X.x.to(problem.dtype)
             safe = torch.where(marg > 0, marg, torch.ones_like(marg))
@@ -178,7 +202,7 @@ class SinkhornResult:
         Raises:
             ValueError: above ``max_elements``; use :meth:`apply` / :meth:`apply_T` instead.
         """
-        problem = self._problem
+        problem = self.solution.problem
         X, Y = problem.X, problem.Y
         size = problem.B * X.n * Y.n
         if size > max_elements:
@@ -194,7 +218,7 @@ class SinkhornResult:
                 from .backends.torch_ref import cost_block
 
                 C = cost_block(X, slice(None), Y, problem.dtype)
-            logp = (self._f[:, :, None] + self._g[:, None, :] - C) / self.eps
+            logp = (self.solution.f[:, :, None] + self.solution.g[:, None, :] - C) / self.eps
             P = torch.exp(logp + X.logw[:, :, None] + Y.logw[:, None, :])
         return problem.unbatch(P)
 

@@ -240,7 +240,7 @@ def test_dense_path_ignores_autocast(device):
     res0, gx0, gy0 = grads()
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
         res1, gx1, gy1 = grads()
-    assert res1.path == "dense" and res1._backend.gram.dtype == torch.float32
+    assert res1.path == "dense" and res1.solution.backend.gram.dtype == torch.float32
     torch.testing.assert_close(res1.f, res0.f)
     torch.testing.assert_close(gx1, gx0)
     torch.testing.assert_close(gy1, gy0)

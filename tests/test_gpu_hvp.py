@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import flashsinkhorn as fs
+from flashsinkhorn.tuning import TUNING
 
 from .hvp_reference import problem, rel
 
@@ -58,7 +59,7 @@ def test_cg_graph_replay_equals_eager(monkeypatch, project):
     monkeypatch.setattr(cg._GraphedBlock, "__call__", counting)
     outs = []
     for graphs in (False, True):
-        monkeypatch.setattr(cg, "USE_CUDA_GRAPHS", graphs)
+        monkeypatch.setattr(TUNING, "cg_graphs", graphs)
         w, info = cg.cg_solve(lambda t: th.schur(t, tau), rhs, pre, tol=1e-6, max_iter=57,
                               check_every=5, project=project)  # fmt: skip
         outs.append((w, info))
@@ -85,7 +86,7 @@ def test_cg_with_uncapturable_matvec_falls_back_to_eager(monkeypatch):
 
     outs = []
     for graphs in (False, True):
-        monkeypatch.setattr(cg, "USE_CUDA_GRAPHS", graphs)
+        monkeypatch.setattr(TUNING, "cg_graphs", graphs)
         outs.append(cg.cg_solve(matvec, rhs, torch.ones_like(rhs), tol=1e-12, max_iter=35,
                                 check_every=5))  # fmt: skip
     (w0, i0), (w1, i1) = outs

@@ -22,23 +22,23 @@ def test_transport_matches_torch_cuda(n, d, p_width):
     y = torch.rand(n + 5, d, device="cuda", generator=g)
     eps = 0.1 * max(1.0, d / 64)
     ref = fs.sinkhorn(x.double(), y.double(), eps=eps, n_iters=10, tol=None, backend="torch")
-    P64 = ref._problem
+    P64 = ref.solution.problem
     P32 = prepare(x, y, None, None, rho_x=None, rho_y=None, precision="ieee")
-    f32, g32 = ref._f.float(), ref._g.float()
+    f32, g32 = ref.solution.f.float(), ref.solution.g.float()
     tri = resolve_backend("triton", x.device, torch.float32)
     tb = TorchBackend()
     V = torch.randn(1, n + 5, p_width, device="cuda", generator=g)
     U = torch.randn(1, n, p_width, device="cuda", generator=g)
     tol = 2e-3 if d >= 512 else 2e-4
     out, marg = tri.transport(P32.X, P32.Y, f32, g32, eps, V, None, None, "ieee")
-    rout, rmarg = tb.transport(P64.X, P64.Y, ref._f, ref._g, eps, V.double(), None, None, "ieee")
+    rout, rmarg = tb.transport(P64.X, P64.Y, ref.solution.f, ref.solution.g, eps, V.double(), None, None, "ieee")
     assert _rel(out, rout) < tol and _rel(marg, rmarg) < tol
     out, _ = tri.transport(P32.Y, P32.X, g32, f32, eps, U, None, None, "ieee")
-    rout, _ = tb.transport(P64.Y, P64.X, ref._g, ref._f, eps, U.double(), None, None, "ieee")
+    rout, _ = tb.transport(P64.Y, P64.X, ref.solution.g, ref.solution.f, eps, U.double(), None, None, "ieee")
     assert _rel(out, rout) < tol
     for rows, cols, rp, cp, rp64, cp64, r64, c64 in (
-        (P32.X, P32.Y, f32, g32, ref._f, ref._g, P64.X, P64.Y),
-        (P32.Y, P32.X, g32, f32, ref._g, ref._f, P64.Y, P64.X),
+        (P32.X, P32.Y, f32, g32, ref.solution.f, ref.solution.g, P64.X, P64.Y),
+        (P32.Y, P32.X, g32, f32, ref.solution.g, ref.solution.f, P64.Y, P64.X),
     ):
         G, _ = tri.transport_grad(rows, cols, rp, cp, eps, "ieee")
         R, _ = tb.transport_grad(r64, c64, rp64, cp64, eps, "ieee")
@@ -52,15 +52,15 @@ def test_hadamard_matches_torch_cuda(d):
     x = torch.rand(n, d, device="cuda", generator=g)
     y = torch.rand(n - 7, d, device="cuda", generator=g)
     ref = fs.sinkhorn(x.double(), y.double(), eps=0.1, n_iters=10, tol=None, backend="torch")
-    P64 = ref._problem
+    P64 = ref.solution.problem
     P32 = prepare(x, y, None, None, rho_x=None, rho_y=None, precision="ieee")
     A = torch.randn(1, n, d, device="cuda", generator=g)
     V = torch.randn(1, n - 7, d, device="cuda", generator=g)
     tri = resolve_backend("triton", x.device, torch.float32)
     Bw = P32.Y.x
-    out, _ = tri.transport(P32.X, P32.Y, ref._f.float(), ref._g.float(), 0.1, V, A, Bw, "ieee")
+    out, _ = tri.transport(P32.X, P32.Y, ref.solution.f.float(), ref.solution.g.float(), 0.1, V, A, Bw, "ieee")
     rout, _ = TorchBackend().transport(
-        P64.X, P64.Y, ref._f, ref._g, 0.1, V.double(), A.double(), P64.Y.x, "ieee"
+        P64.X, P64.Y, ref.solution.f, ref.solution.g, 0.1, V.double(), A.double(), P64.Y.x, "ieee"
     )
     assert _rel(out, rout) < 1e-3
 

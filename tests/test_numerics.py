@@ -181,7 +181,7 @@ def test_half_inputs_accumulate_in_fp32(dtype, backend, device):
     # The solve reads half points (centred in fp32, rounded once back to the input dtype) and
     # accumulates in fp32: it must match a float64 solve of exactly those points to fp32
     # round-off, i.e. far better than the half-precision unit roundoff.
-    Xh, Yh = res._problem.X.x, res._problem.Y.x
+    Xh, Yh = res.solution.problem.X.x, res.solution.problem.Y.x
     assert Xh.dtype == Yh.dtype == dtype  # no upcast copy handed to the kernels
     kw64 = dict(eps=0.05, tol=None, n_iters=30)
     exact = fs.sinkhorn(Xh[0].cpu().double(), Yh[0].cpu().double(), **kw64)

@@ -18,6 +18,7 @@ from flashsinkhorn.backends.triton import TritonBackend
 from flashsinkhorn.problem import prepare
 from flashsinkhorn.solvers import graphs
 from flashsinkhorn.solvers.loop import solve
+from flashsinkhorn.tuning import TUNING
 
 from .conftest import HAS_CUDA
 
@@ -102,9 +103,9 @@ def test_replay_equals_eager_on_new_data(monkeypatch, schedule):
          torch.rand(5, 211, 3, device="cuda", generator=gen))
         for _ in range(6)
     ]  # fmt: skip
-    monkeypatch.setattr(graphs, "USE_SOLVE_GRAPHS", False)
+    monkeypatch.setattr(TUNING, "solve_graphs", False)
     eager = _results(clouds, kw)
-    monkeypatch.setattr(graphs, "USE_SOLVE_GRAPHS", True)
+    monkeypatch.setattr(TUNING, "solve_graphs", True)
     got = _results(clouds, kw)
     st = graphs.stats()
     # the caching allocator reuses the addresses of prepare's tensors from call to call
@@ -132,9 +133,9 @@ def test_training_loop_losses_and_gradients_equal_eager(monkeypatch):
             del x, loss, gx
         return out
 
-    monkeypatch.setattr(graphs, "USE_SOLVE_GRAPHS", False)
+    monkeypatch.setattr(TUNING, "solve_graphs", False)
     eager = run()
-    monkeypatch.setattr(graphs, "USE_SOLVE_GRAPHS", True)
+    monkeypatch.setattr(TUNING, "solve_graphs", True)
     got = run()
     assert graphs.stats()["replayed"] >= 3
     for (le, ge), (lg, gg) in zip(eager, got, strict=True):

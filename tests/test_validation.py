@@ -127,5 +127,5 @@ def test_uniform_weights_skip_checks_but_not_zero_weights(precision):
     r_given = call(a=a, precision=precision, backend="torch")
     assert torch.allclose(r_none.value, r_given.value, rtol=1e-6, atol=0)
     r_zero = call(a=a0, precision=precision, backend="torch")
-    assert torch.isfinite(r_zero.value) and r_zero._problem.X.has_null
-    assert not r_none._problem.X.has_null
+    assert torch.isfinite(r_zero.value) and r_zero.solution.problem.X.has_null
+    assert not r_none.solution.problem.X.has_null

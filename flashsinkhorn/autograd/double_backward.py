@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..hessian.joint import TransportHessian
-from ..hessian.operator import DEFAULT_CG_MAX_ITER, DEFAULT_CG_TOL, DEFAULT_TAU
+from ..options import HVPOptions
 from .guard import guard_second_order
 
 WEIGHT_MESSAGE = (
@@ -25,24 +25,12 @@ WEIGHT_MESSAGE = (
 )
 
 
-def hvp_settings(options: dict | None) -> dict:
-    """Schur-solve settings for the double backward (``hvp_options`` of the losses)."""
-    opts = {"tau": DEFAULT_TAU, "cg_tol": DEFAULT_CG_TOL, "cg_max_iter": DEFAULT_CG_MAX_ITER,
-            "check_every": 10}  # fmt: skip
-    for key, val in (options or {}).items():
-        key = "check_every" if key == "cg_check_every" else key
-        if key not in opts:
-            raise ValueError(
-                f"hvp_options: unknown key {key!r} (allowed: tau, cg_tol, cg_max_iter, "
-                "cg_check_every)"
-            )
-        opts[key] = val
-    from ..hessian.operator import check_hvp_options
-
-    tau, tol, it, every = check_hvp_options(
-        opts["tau"], opts["cg_tol"], opts["cg_max_iter"], opts["check_every"]
-    )
-    return {"tau": tau, "cg_tol": tol, "cg_max_iter": it, "check_every": every}
+def hvp_settings(options: HVPOptions | dict | None) -> dict:
+    """Schur-solve settings for the double backward (``hvp_options`` of the losses), as the
+    keyword arguments of ``TransportHessian.apply``."""
+    o = HVPOptions.build(options)
+    return {"tau": o.tau, "cg_tol": o.cg_tol, "cg_max_iter": o.cg_max_iter,
+            "check_every": o.cg_check_every}  # fmt: skip
 
 
 class EnvelopeGrad(torch.autograd.Function):
@@ -55,15 +43,15 @@ class EnvelopeGrad(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, y, a, b, grad_out, res, need_x, need_y, options):
-        problem = res._problem
-        impl = res._backend
+        problem = res.solution.problem
+        impl = res.solution.backend
         go = grad_out.detach().reshape(-1).to(problem.dtype)
         Gx = Gy = None
         if need_x:
-            Gx, _ = impl.transport_grad(problem.X, problem.Y, res._f, res._g, res.eps,
+            Gx, _ = impl.transport_grad(problem.X, problem.Y, res.solution.f, res.solution.g, res.eps,
                                         problem.precision)  # fmt: skip
         if need_y:
-            Gy, _ = impl.transport_grad(problem.Y, problem.X, res._g, res._f, res.eps,
+            Gy, _ = impl.transport_grad(problem.Y, problem.X, res.solution.g, res.solution.f, res.eps,
                                         problem.precision)  # fmt: skip
         ctx.res, ctx.options, ctx.Gx, ctx.Gy, ctx.go = res, options, Gx, Gy, go
         ctx.go_shape = grad_out.shape
@@ -78,7 +66,7 @@ class EnvelopeGrad(torch.autograd.Function):
         if need[2] or need[3]:
             raise RuntimeError(WEIGHT_MESSAGE)
         res = ctx.res
-        problem = res._problem
+        problem = res.solution.problem
         if not hasattr(ctx, "hessian"):
             ctx.hessian = TransportHessian(res)
         go = ctx.go

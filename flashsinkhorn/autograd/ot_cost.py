@@ -28,15 +28,15 @@ from .guard import guard_second_order
 
 def _weight_grad(res: SinkhornResult, side: str) -> torch.Tensor:
     """(B, n) gradient of the dual value w.r.t. the weights of one side (x: "X", y: "Y")."""
-    problem = res._problem
+    problem = res.solution.problem
     R, Cs = (problem.X, problem.Y) if side == "X" else (problem.Y, problem.X)
-    pot, other = (res._f, res._g) if side == "X" else (res._g, res._f)
+    pot, other = (res.solution.f, res.solution.g) if side == "X" else (res.solution.g, res.solution.f)
     if problem.X.rho is None and problem.Y.rho is None:
         return pot
     eps = res.eps
     # â_i / a_i = exp((pot_i − T_i) / eps), with T the soft-min of this side (one pass); it
     # stays finite where a_i = 0.
-    _, raw = res._backend.softmin(R, Cs, other, eps, pot, 0.0, 1.0, True, problem.precision)
+    _, raw = res.solution.backend.softmin(R, Cs, other, eps, pot, 0.0, 1.0, True, problem.precision)
     ratio = torch.exp((pot - raw) / eps)
     dphi = pot if R.rho is None else R.rho * -torch.expm1(-pot / R.rho)
     return dphi - eps * ratio + eps * Cs.mass[:, None]
@@ -68,7 +68,7 @@ class OTCostFunction(torch.autograd.Function):
         ctx.hvp_options = hvp_options
         ctx.label_weight = label_weight
         # Other costs (costs.py) have no second derivatives: refuse them with a ValueError.
-        ctx.second_order = bool(second_order) and res._problem.default_cost
+        ctx.second_order = bool(second_order) and res.solution.problem.default_cost
         ctx.save_for_backward(x, y, a, b, label_cost)
         return res.value.clone()
 
@@ -84,7 +84,7 @@ class OTCostFunction(torch.autograd.Function):
 
             res = ctx.res
             grads = _first_order(ctx, x, y, a, b, grad_out, ctx.needs_input_grad)
-            grads = refuse_second_order((*grads, gW), (x, y, a, b, label_cost), res._problem.cost)
+            grads = refuse_second_order((*grads, gW), (x, y, a, b, label_cost), res.solution.problem.cost)
             return (*grads[:4], None, None, grads[4], None, None)
         gx, gy, ga, gb = _backward_sqeuclidean(ctx, x, y, a, b, grad_out)
         return gx, gy, ga, gb, None, None, gW, None, None
@@ -93,19 +93,19 @@ class OTCostFunction(torch.autograd.Function):
 def _first_order(ctx, x, y, a, b, grad_out, need):
     """(gx, gy, ga, gb) without any graph (envelope gradients of any cost)."""
     res: SinkhornResult = ctx.res
-    problem = res._problem
-    impl = res._backend
+    problem = res.solution.problem
+    impl = res.solution.backend
     gx = gy = ga = gb = None
     with torch.no_grad():
         go = grad_out.reshape(-1).to(problem.dtype)
         if need[0]:
             G, _ = impl.transport_grad(
-                problem.X, problem.Y, res._f, res._g, res.eps, problem.precision
+                problem.X, problem.Y, res.solution.f, res.solution.g, res.eps, problem.precision
             )
             gx = problem.unbatch(G.mul_(go[:, None, None])).to(x.dtype)  # G is ours
         if need[1]:
             G, _ = impl.transport_grad(
-                problem.Y, problem.X, res._g, res._f, res.eps, problem.precision
+                problem.Y, problem.X, res.solution.g, res.solution.f, res.eps, problem.precision
             )
             gy = problem.unbatch(G.mul_(go[:, None, None])).to(y.dtype)
         if need[2] and a is not None:
@@ -121,13 +121,13 @@ def _label_cost_grad(res: SinkhornResult, grad_out, label_weight: float) -> torc
     P onehot(l_y) is one transport application with V value columns (no n × m tensor); the
     left one-hot product is a scatter-add over the rows.
     """
-    problem = res._problem
+    problem = res.solution.problem
     X, Y = problem.X, problem.Y
     nv = X.lcost.shape[0]
     go = grad_out.reshape(-1).to(problem.dtype)
     onehot_y = torch.nn.functional.one_hot(Y.labels.long(), nv).to(problem.dtype)
-    PV, _ = res._backend.transport(
-        X, Y, res._f, res._g, res.eps, onehot_y, None, None, problem.precision
+    PV, _ = res.solution.backend.transport(
+        X, Y, res.solution.f, res.solution.g, res.eps, onehot_y, None, None, problem.precision
     )  # (B, n, V)
     PV = PV * go[:, None, None]
     G = torch.zeros((nv, nv), dtype=problem.dtype, device=PV.device)
@@ -138,7 +138,7 @@ def _label_cost_grad(res: SinkhornResult, grad_out, label_weight: float) -> torc
 def _backward_sqeuclidean(ctx, x, y, a, b, grad_out):
     """The squared Euclidean backward: differentiable x/y gradients (HVP) under create_graph."""
     res: SinkhornResult = ctx.res
-    problem = res._problem
+    problem = res.solution.problem
     need = ctx.needs_input_grad
     gx = gy = ga = gb = None
     balanced = problem.X.rho is None and problem.Y.rho is None

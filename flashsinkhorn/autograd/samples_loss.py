@@ -10,6 +10,8 @@ GeomLoss's ``sinkhorn_loop`` exactly (docs/transport.md):
 3. the "last extrapolation": one full update of every potential from the previous ones,
    f⁺ = softmin(g), g⁺ = softmin(f) (and f_aa⁺, g_bb⁺ for the debiased terms).
 
+Steps 1–3 are the library's solver loop with GeomLoss's ladder as its eps list and
+``extrapolate=True`` (solvers/loop.py); the debiasing terms are self problems of that loop.
 The value is GeomLoss's formula at the extrapolated potentials. GeomLoss differentiates the
 last update by autograd with the old potentials detached, which is the envelope gradient with
 the plans P(f⁺, g) (for x) and P(f, g⁺) (for y); we apply those plans with one fused
@@ -21,14 +23,15 @@ called); we return the derivative of the value, i.e. GeomLoss's intended gradien
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-import numpy as np
 import torch
 
 from ..backends import resolve_backend
-from ..problem import Problem, Side, prepare
-from ..solvers import estimate_diameter
+from ..engine import resolve_precision
+from ..options import SinkhornOptions
+from ..problem import Problem, prepare
+from ..solvers import estimate_diameter, geometric_ladder, solve
 from .guard import guard_second_order
 
 
@@ -73,8 +76,7 @@ GEOMLOSS_SQ_FLOOR = 1e-8
 def geomloss_eps_list(diameter: float, blur: float, scaling: float, p: int = 2) -> list[float]:
     """GeomLoss's eps schedule in its own units, the duplicated first value included:
     ``[diameter^p] + exp(arange(p log diameter, p log blur, p log scaling)) + [blur^p]``."""
-    steps = np.arange(p * np.log(diameter), p * np.log(blur), p * np.log(scaling))
-    return [diameter**p] + [float(np.exp(e)) for e in steps] + [blur**p]
+    return geometric_ladder(diameter**p, blur**p, scaling**p, keep_start=True)
 
 
 def _eps_list(x: torch.Tensor, y: torch.Tensor, spec: GeomLossSpec) -> list[float]:
@@ -92,50 +94,29 @@ def _eps_list(x: torch.Tensor, y: torch.Tensor, spec: GeomLossSpec) -> list[floa
     return [k * e for e in geomloss_eps_list(diameter, spec.blur, spec.scaling, spec.p)]
 
 
-def _damping(eps: float, rho: float | None) -> float:
-    return 1.0 if rho is None else 1.0 / (1.0 + eps / rho)
-
-
 class _Loop:
-    """The potentials of GeomLoss's loop for the xy, xx and yy problems (our units)."""
+    """The potentials of GeomLoss's loop for the xy, xx and yy problems (our units).
 
-    def __init__(self, problem: Problem, impl, eps_list: list[float], rho, debias: bool):
-        X, Y = problem.X, problem.Y
-        prec = problem.precision
+    Each problem runs the solver loop on the ladder ``[eps_0] + eps_list`` with one iteration
+    at the last eps: a plain update from zero at eps_0, one averaged update per entry of
+    eps_list, then the extrapolation (a plain update that keeps the previous potentials).
+    """
+
+    def __init__(self, problem: Problem, impl, eps_list: list[float], debias: bool):
+        opts = SinkhornOptions(eps=eps_list[-1], n_iters=1, tol=None, schedule="symmetric")
+        ladder = [eps_list[0], *eps_list]
+
+        def run(pr):
+            return solve(pr, impl, ladder, opts, extrapolate=True)
+
+        st = run(problem)
+        self.f, self.g, self.f_old, self.g_old = st.f, st.g, st.f_prev, st.g_prev
         self.debias = debias
-
-        def soft(R: Side, C: Side, col, old, eps, alpha, beta):
-            return impl.softmin(R, C, col, eps, old, alpha, beta, False, prec)[0]
-
-        zx, zy = torch.zeros_like(X.sq), torch.zeros_like(Y.sq)
-        lam = _damping(eps_list[0], rho)
-        f, g, _, _ = impl.symmetric_step(
-            X, Y, zx, zy, eps_list[0], 0.0, lam, lam, False, prec, phase="zero"
-        )
         if debias:
-            p = soft(X, X, zx, zx, eps_list[0], 0.0, lam)
-            q = soft(Y, Y, zy, zy, eps_list[0], 0.0, lam)
-        for k, eps in enumerate(eps_list):
-            lam = _damping(eps, rho)
-            f, g, _, _ = impl.symmetric_step(
-                X, Y, f, g, eps, 0.5, 0.5 * lam, 0.5 * lam, False, prec,
-                phase="second" if k == 0 else "iterate",
-            )  # fmt: skip
-            if debias:
-                p = soft(X, X, p, p, eps, 0.5, 0.5 * lam)
-                q = soft(Y, Y, q, q, eps, 0.5, 0.5 * lam)
-        eps = eps_list[-1]
-        lam = _damping(eps, rho)
-        # Last extrapolation: full updates from the previous potentials (kept for the plans).
-        self.f_old, self.g_old = f, g
-        self.f, self.g, _, _ = impl.symmetric_step(
-            X, Y, f, g, eps, 0.0, lam, lam, False, prec, phase="iterate"
-        )
-        if debias:
-            self.p_old, self.q_old = p, q
-            self.p = soft(X, X, p, p, eps, 0.0, lam)
-            self.q = soft(Y, Y, q, q, eps, 0.0, lam)
-        self.eps = eps
+            sx = run(replace(problem, Y=problem.X))
+            sy = run(replace(problem, X=problem.Y))
+            self.p, self.p_old, self.q, self.q_old = sx.f, sx.f_prev, sy.f, sy.f_prev
+        self.eps = st.eps
 
 
 def _dot(w: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -148,14 +129,11 @@ class SamplesLossFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, y, a, b, spec: GeomLossSpec):
         impl = resolve_backend(spec.backend, x.device, x.dtype)
-        from ..functional import resolve_precision
-
         prec = resolve_precision(spec.precision, impl.name, x.dtype)
-        rho = _rho(spec)
         with torch.no_grad():
             problem = _prepare(x, y, a, b, spec, prec)
             eps_list = _eps_list(x, y, spec)
-            loop = _Loop(problem, impl, eps_list, rho, spec.debias)
+            loop = _Loop(problem, impl, eps_list, spec.debias)
             value = _value(problem, loop, spec)
         ctx.problem, ctx.impl, ctx.loop, ctx.spec = problem, impl, loop, spec
         ctx.save_for_backward(x, y, a, b)
@@ -245,15 +223,12 @@ def _reduce(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 def geomloss_potentials(x, y, a, b, spec: GeomLossSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """GeomLoss's ``potentials=True`` output (F, G) in half-cost units; not differentiable."""
     impl = resolve_backend(spec.backend, x.device, x.dtype)
-    from ..functional import resolve_precision
-
     prec = resolve_precision(spec.precision, impl.name, x.dtype)
-    rho = _rho(spec)
     k = _k(spec)
     with torch.no_grad():
         problem = _prepare(x, y, a, b, spec, prec)
         eps_list = _eps_list(x, y, spec)
-        loop = _Loop(problem, impl, eps_list, rho, spec.debias)
+        loop = _Loop(problem, impl, eps_list, spec.debias)
         F, G = loop.f / k, loop.g / k
         if spec.debias:
             F, G = F - loop.p / k, G - loop.q / k

@@ -142,6 +142,11 @@ class Backend(ABC):
         """
         raise NotImplementedError(f"backend {self.name!r} has no transport gradient")
 
+    def reduce_error(self, err: torch.Tensor) -> torch.Tensor:
+        """(B,) marginal error of the whole problem from this process's part of it: the
+        identity, except for a backend that shards one problem over several processes."""
+        return err
+
     def dual_value(self, problem, f: torch.Tensor, g: torch.Tensor, eps: float):
         """(B,) OT_eps of the potentials in one fused reduction, or None when the backend has
         none (solvers/objective.dual_value then evaluates its torch formula)."""

@@ -28,69 +28,36 @@ import torch.distributed as dist
 
 from .. import _validation as V
 from ..backends import resolve_backend
-from ..functional import resolve_precision
-from ..problem import Side, centred_side, kernel_scale, split_half
-from ..solvers import eps_schedule
+from ..backends.base import Backend
+from ..engine import resolve_precision
+from ..options import SinkhornOptions
+from ..problem import Problem, Side, centred_side, kernel_scale, split_half
+from ..solvers import eps_schedule, solve
 from ..solvers.objective import _phi, side_error
 from ._comm import Comm, comm_device, require_group
 
 MODES = ("gather", "ring")
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-# Options that must agree on every rank (compared after one all_gather).
-_OPTION_NAMES = (
-    "eps", "n_iters", "tol", "check_every", "schedule", "scaling", "diameter", "rho_x",
-    "rho_y", "backend", "precision", "check_finite", "mode",
-)  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Options:
-    """Validated solver options (the same meaning as in :func:`flashsinkhorn.sinkhorn`)."""
+def _check_options(options: dict) -> tuple[SinkhornOptions, str]:
+    """Validates the solver options and the mode; raises ValueError/TypeError naming them."""
+    mode = V.check_choice("mode", options.pop("mode"), MODES)
+    return SinkhornOptions.build(**options), mode
 
-    eps: float
-    n_iters: int
-    tol: float | None
-    check_every: int
-    schedule: str
-    scaling: float | None
-    diameter: float | None
-    rho_x: float | None
-    rho_y: float | None
-    backend: str
-    precision: str
-    check_finite: bool
-    mode: str
 
-    @staticmethod
-    def check(**kw) -> Options:
-        """Validates every option; raises ValueError/TypeError naming the argument."""
-        if not isinstance(kw["check_finite"], bool):
-            raise TypeError(f"check_finite must be a bool, got {type(kw['check_finite'])}")
-        return Options(
-            eps=V.check_positive("eps", kw["eps"]),
-            n_iters=V.check_int("n_iters", kw["n_iters"], 1),
-            tol=V.check_positive("tol", kw["tol"], allow_none=True),
-            check_every=V.check_int("check_every", kw["check_every"], 1),
-            schedule=V.check_choice("schedule", kw["schedule"], V.SCHEDULES),
-            scaling=V.check_scaling(kw["scaling"]),
-            diameter=V.check_positive("diameter", kw["diameter"], allow_none=True),
-            rho_x=V.check_positive("rho_x", kw["rho_x"], allow_none=True),
-            rho_y=V.check_positive("rho_y", kw["rho_y"], allow_none=True),
-            backend=V.check_choice("backend", kw["backend"], V.BACKENDS),
-            precision=V.check_choice("precision", kw["precision"], V.PRECISIONS),
-            check_finite=kw["check_finite"],
-            mode=V.check_choice("mode", kw["mode"], MODES),
-        )
+def _option_codes(opts: SinkhornOptions, mode: str) -> list[float]:
+    """The options as numbers, for the cross-rank comparison (None is -1)."""
+    out = []
+    for v in [*opts.solver_kwargs().values(), mode]:
+        if isinstance(v, str):
+            v = float(sum(ord(c) * 31**i for i, c in enumerate(v)) % 1_000_003)
+        out.append(-1.0 if v is None else float(v))
+    return out
 
-    def codes(self) -> list[float]:
-        """The options as numbers, for the cross-rank comparison (None is -1)."""
-        out = []
-        for name in _OPTION_NAMES:
-            v = getattr(self, name)
-            if isinstance(v, str):
-                v = float(sum(ord(c) * 31**i for i, c in enumerate(v)) % 1_000_003)
-            out.append(-1.0 if v is None else float(v))
-        return out
+
+#: Names of the compared options, in the order of ``_option_codes``.
+_OPTION_NAMES = (*SinkhornOptions(eps=1.0).solver_kwargs(), "mode")
 
 
 def _check_local(x, y, a, b, device: torch.device):
@@ -114,7 +81,7 @@ def _check_local(x, y, a, b, device: torch.device):
     return V.check_weights("a_local", a, x), V.check_weights("b_local", b, y)
 
 
-def _exchange_meta(comm: Comm, failure, x, y, a, b, opts: Options | None):
+def _exchange_meta(comm: Comm, failure, x, y, a, b, codes: list[float] | None):
     """One all_gather of shapes and options; raises the same error on every rank.
 
     Returns:
@@ -122,7 +89,7 @@ def _exchange_meta(comm: Comm, failure, x, y, a, b, opts: Options | None):
     """
     if failure is None:
         meta = [0.0, x.shape[1], x.shape[0], y.shape[0], _DTYPES.index(x.dtype)]
-        meta += [a is not None, b is not None, *opts.codes()]
+        meta += [a is not None, b is not None, *codes]
     else:
         meta = [1.0] + [0.0] * (6 + len(_OPTION_NAMES))
     t = torch.tensor(meta, dtype=torch.float64, device=comm.device)
@@ -214,20 +181,21 @@ class Sharded:
     def __init__(self, x, y, a, b, *, group, **options):
         require_group(group)
         self.comm = comm = Comm(group, comm_device(group, x))
-        failure = opts = None
+        failure = opts = codes = None
         try:
-            opts = Options.check(**options)
+            opts, mode = _check_options(dict(options))
+            codes = _option_codes(opts, mode)
             a, b = _check_local(x, y, a, b, comm.device)
         except (TypeError, ValueError) as exc:
             failure = exc
-        self.sizes_x, self.sizes_y = _exchange_meta(comm, failure, x, y, a, b, opts)
+        self.sizes_x, self.sizes_y = _exchange_meta(comm, failure, x, y, a, b, codes)
         self.opts = opts
         self.n, self.m = sum(self.sizes_x), sum(self.sizes_y)
         self.off_x = sum(self.sizes_x[: comm.rank])
         self.off_y = sum(self.sizes_y[: comm.rank])
         self.impl = resolve_backend(opts.backend, x.device, x.dtype)
         self.precision = resolve_precision(opts.precision, self.impl.name, x.dtype)
-        self.mode = opts.mode
+        self.mode = mode
         with torch.no_grad():
             self._build(x.detach(), y.detach(), a, b)
 
@@ -391,65 +359,18 @@ class Sharded:
 
     # ---------------------------------------------------------------------------- solver
 
-    def _step(self, f, g, eps, schedule, first, want_err):
-        """One iteration (solvers/loop.py ``_step``); error of the input plan, local part."""
-        X, Y = self.X, self.Y
-        lx, ly = X.damping(eps), Y.damping(eps)
-        if schedule == "symmetric":
-            alpha, w = (0.0, 1.0) if first else (0.5, 0.5)
-            tf, tg = self.softmins(f, g, eps, ("X", "Y"))
-            f_new = _epilogue(f, tf, alpha, w * lx)
-            g_new = _epilogue(g, tg, alpha, w * ly)
-            err = side_error(X, f, tf, eps) + side_error(Y, g, tg, eps) if want_err else None
-            return f_new, g_new, err
-        (tf,) = self.softmins(f, g, eps, ("X",))
-        f_new = _epilogue(f, tf, 0.0, lx)
-        (tg,) = self.softmins(f_new, g, eps, ("Y",))
-        g_new = _epilogue(g, tg, 0.0, ly)
-        err = side_error(X, f, tf, eps) if want_err else None
-        return f_new, g_new, err
-
     def _global_error(self, err: torch.Tensor) -> torch.Tensor:
         return self.comm.all_reduce(err.to(self.comm.device)).to(err.device)
 
-    def _settle_null_points(self, f, g, eps):
-        """Zero-weight points get the damped soft-min of the final other-side potential."""
-        if self.X.has_null:
-            (t,) = self.softmins(f, g, eps, ("X",))
-            f = torch.where(self.X.w == 0, self.X.damping(eps) * t, f)
-        if self.Y.has_null:
-            (t,) = self.softmins(f, g, eps, ("Y",))
-            g = torch.where(self.Y.w == 0, self.Y.damping(eps) * t, g)
-        return f, g
-
     def solve(self, compute_error: bool) -> SolveOutput:
-        """The loop of ``solvers/loop.py`` with global convergence tests."""
-        opts = self.opts
-        f = torch.zeros_like(self.X.sq)
-        g = torch.zeros_like(self.Y.sq)
-        first, done = True, 0
-        for eps_k in self.eps_list[:-1]:
-            f, g, _ = self._step(f, g, eps_k, opts.schedule, first, False)
-            first = False
-            done += 1
-        eps = self.eps_list[-1]
-        errors: list[tuple[int, float]] = []
-        for k in range(opts.n_iters):
-            check = opts.tol is not None and k > 0 and k % opts.check_every == 0
-            f_new, g_new, err = self._step(f, g, eps, opts.schedule, first, check)
-            first = False
-            if check:
-                err = self._global_error(err)
-                worst = float(err.max())
-                errors.append((done, worst))
-                if worst <= opts.tol:
-                    f, g = self._settle_null_points(f, g, eps)
-                    return SolveOutput(f, g, eps, done, True, err, errors)
-            f, g = f_new, g_new
-            done += 1
-        f, g = self._settle_null_points(f, g, eps)
-        err = self.marginal_error(f, g, eps) if compute_error else None
-        return SolveOutput(f, g, eps, done, False, err, errors)
+        """The library's solver loop on this rank's rows, with sweeps over all columns and
+        the convergence test on the global error (:class:`ShardedBackend`)."""
+        problem = Problem(self.X, self.Y, batched=False, precision=self.precision)
+        st = solve(problem, ShardedBackend(self), self.eps_list, self.opts)
+        err = st.marginal_error
+        if not st.converged and compute_error:
+            err = self.marginal_error(st.f, st.g, st.eps)
+        return SolveOutput(st.f, st.g, st.eps, st.n_iters, st.converged, err, st.errors)
 
     def marginal_error(self, f, g, eps) -> torch.Tensor:
         """(1,) global ‖P1 − a‖₁ + ‖Pᵀ1 − b‖₁ of the plan (f, g) (collective)."""
@@ -472,3 +393,33 @@ class Sharded:
         else:
             mass = 0.5 * (t[2:3] + t[3:4])
         return t[0:1] + t[1:2] - eps * (mass - self.ma * self.mb)
+
+
+class ShardedBackend(Backend):
+    """The soft-min primitive of a sharded problem, for the solver loop.
+
+    Rows are this rank's shard of a side (``rows is sharded.X`` or ``sharded.Y``); the sweep
+    runs them against every column of the other side (gather or ring mode). The loop's
+    convergence test sees the error reduced over all ranks.
+    """
+
+    def __init__(self, sharded: Sharded):
+        self.sh = sharded
+        self.name = sharded.impl.name
+
+    def _raw(self, rows: Side, old: torch.Tensor, col_pot: torch.Tensor, eps: float):
+        if rows is self.sh.X:
+            return self.sh.softmins(old, col_pot, eps, ("X",))[0]
+        return self.sh.softmins(col_pot, old, eps, ("Y",))[0]
+
+    def softmin(self, rows, cols, col_pot, eps, old, alpha, beta, want_raw, precision):
+        t = self._raw(rows, old, col_pot, eps)
+        return _epilogue(old, t, alpha, beta), (t if want_raw else None)
+
+    def symmetric_step(self, X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision,
+                       phase="cold"):  # fmt: skip
+        tf, tg = self.sh.softmins(f, g, eps, ("X", "Y"))
+        return _epilogue(f, tf, alpha, beta_x), _epilogue(g, tg, alpha, beta_y), tf, tg
+
+    def reduce_error(self, err: torch.Tensor) -> torch.Tensor:
+        return self.sh._global_error(err)

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from .. import _validation as V
 from ..autograd.guard import guard_second_order
+from ..options import public_options
 from ._comm import require_group
 from ._engine import Sharded
 from .solver import _run
@@ -136,11 +137,7 @@ def ot_cost(
         RuntimeError: when no process group is initialised, or on a second derivative.
         ValueError, TypeError: for invalid arguments, on every rank.
     """
-    options = _options(
-        group, mode, eps=eps, n_iters=n_iters, tol=tol, check_every=check_every,
-        schedule=schedule, scaling=scaling, diameter=diameter, rho_x=rho_x, rho_y=rho_y,
-        backend=backend, precision=precision, check_finite=check_finite,
-    )  # fmt: skip
+    options = _options(group, mode, **public_options(locals()))
     return _DistOTCost.apply(x_local, y_local, a_local, b_local, options)
 
 
@@ -212,11 +209,8 @@ def sinkhorn_divergence(
         # The bounding box of the caller's points, as the single-process divergence does.
         sh_diam = _diameter(x_local.detach(), y_local.detach(), group)
         diameter = sh_diam if sh_diam > 0 else None
-    common = dict(
-        eps=eps, group=group, mode=mode, n_iters=n_iters, tol=tol, check_every=check_every,
-        schedule=schedule, scaling=scaling, diameter=diameter, backend=backend,
-        precision=precision, check_finite=check_finite,
-    )  # fmt: skip
+    common = {**public_options(locals()), "group": group, "mode": mode}
+    del common["rho_x"], common["rho_y"]
     xy = ot_cost(x_local, y_local, a_local, b_local, rho_x=rho_x, rho_y=rho_y, **common)
     xx = ot_cost(x_local, x_local, a_local, a_local, rho_x=rho_x, rho_y=rho_x, **common)
     yy = ot_cost(y_local, y_local, b_local, b_local, rho_x=rho_y, rho_y=rho_y, **common)

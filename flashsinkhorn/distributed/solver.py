@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from ..options import public_options
 from ._engine import Sharded
 
 
@@ -159,8 +160,6 @@ def sinkhorn(
     """
     sh, out, value = _run(
         x_local, y_local, a_local, b_local, group=group, compute_error=compute_error,
-        eps=eps, mode=mode, n_iters=n_iters, tol=tol, check_every=check_every,
-        schedule=schedule, scaling=scaling, diameter=diameter, rho_x=rho_x, rho_y=rho_y,
-        backend=backend, precision=precision, check_finite=check_finite,
+        mode=mode, **public_options(locals()),
     )  # fmt: skip
     return _result(sh, out, value)

@@ -25,6 +25,7 @@ from typing import NamedTuple
 import torch
 
 from .._cuda_graph import capture
+from ..tuning import TUNING
 
 
 @dataclass
@@ -56,10 +57,9 @@ def _dot(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return (u * v).sum(-1)
 
 
-#: CUDA tensors: replay blocks of ``check_every`` iterations from a CUDA graph captured right
-#: after the first block is queued (that eager block compiles the kernels). Off: every
-#: iteration is launched from Python. docs/performance.md, HVP entry 9.
-USE_CUDA_GRAPHS = True
+# CUDA tensors (``TUNING.cg_graphs``): replay blocks of ``check_every`` iterations from a CUDA
+# graph captured right after the first block is queued (that eager block compiles the
+# kernels). Off: every iteration is launched from Python.
 
 
 class _State(NamedTuple):
@@ -162,7 +162,7 @@ def cg_solve(
         r = proj(rhs - matvec(w))
     s = _State(w, r, *_restart(r, precond, proj), torch.ones_like(bnorm))
     step = lambda st: _step(matvec, precond, proj, st)  # noqa: E731
-    graphed = USE_CUDA_GRAPHS and rhs.is_cuda and check_every > 1
+    graphed = TUNING.cg_graphs and rhs.is_cuda and check_every > 1
     block = None
     it = restarts = 0
     true_rel = None

@@ -47,14 +47,14 @@ class TransportHessian:
     """
 
     def __init__(self, res: SinkhornResult):
-        problem = res._problem
+        problem = res.solution.problem
         if problem.X.rho is not None or problem.Y.rho is not None:
             raise ValueError(
                 "rho_x/rho_y: Hessian-vector products are implemented for balanced OT only"
             )
         self.res = res
         self.problem = problem
-        self.impl = res._backend
+        self.impl = res.solution.backend
         self.eps = float(res.eps)
         self.dtype = problem.dtype
         self.x = problem.X.x.to(self.dtype)
@@ -69,8 +69,8 @@ class TransportHessian:
 
     def _transport(self, transpose, V, A=None, Bw=None):
         pr = self.problem
-        R, C, fr, fc = (pr.Y, pr.X, self.res._g, self.res._f) if transpose else (
-            pr.X, pr.Y, self.res._f, self.res._g)  # fmt: skip
+        R, C, fr, fc = (pr.Y, pr.X, self.res.solution.g, self.res.solution.f) if transpose else (
+            pr.X, pr.Y, self.res.solution.f, self.res.solution.g)  # fmt: skip
         return self.impl.transport(R, C, fr, fc, self.eps, V, A, Bw, pr.precision)
 
     def P(self, V: torch.Tensor) -> torch.Tensor:

@@ -13,31 +13,12 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import _validation as V
-from ..functional import sinkhorn
+from ..engine import solve_points
+from ..options import DEFAULT_CG_MAX_ITER, DEFAULT_CG_TOL, DEFAULT_TAU, HVPOptions, SinkhornOptions
 from .cg import CGInfo
 from .joint import TransportHessian
 
 WRT = ("x", "y")
-
-#: Defaults of the Schur solve. tau is *relative*: S + tau·diag(b̂), i.e. the same damping for
-#: any n, m and total mass (the paper's absolute 1e-5 is 5e-3 relative at n = 512 and 0.1 at
-#: n = 10⁴). 1e-5 bounds the condition number of the Jacobi-preconditioned system by ~1e5.
-DEFAULT_TAU = 1e-5
-DEFAULT_CG_TOL = 1e-6
-DEFAULT_CG_MAX_ITER = 500
-
-
-def check_hvp_options(tau, cg_tol, cg_max_iter, check_every) -> tuple[float, float, int, int]:
-    """Validates the Schur-solve options; ValueError/TypeError naming the argument."""
-    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not tau >= 0:
-        raise ValueError(f"tau must be a real number >= 0, got {tau!r}")
-    if float(tau) == float("inf"):
-        raise ValueError("tau must be finite")
-    cg_tol = V.check_positive("cg_tol", cg_tol)
-    cg_max_iter = V.check_int("cg_max_iter", cg_max_iter, 1)
-    check_every = V.check_int("cg_check_every", check_every, 1)
-    return float(tau), cg_tol, cg_max_iter, check_every
-
 
 @dataclass
 class HVPResult:
@@ -117,10 +98,12 @@ class HessianOperator:
         from ..costs import check_default_cost
 
         check_default_cost(solver_options, "the HVP")
-        self.tau, self.cg_tol, self.cg_max_iter, self.check_every = check_hvp_options(
-            tau, cg_tol, cg_max_iter, cg_check_every
-        )
-        opts = {"n_iters": 1000, "tol": 1e-6, **solver_options, "eps": eps}
+        hv = HVPOptions.build(tau=tau, cg_tol=cg_tol, cg_max_iter=cg_max_iter,
+                              cg_check_every=cg_check_every)  # fmt: skip
+        self.tau, self.cg_tol, self.cg_max_iter = hv.tau, hv.cg_tol, hv.cg_max_iter
+        self.check_every = hv.cg_check_every
+        opts = SinkhornOptions.build(x, y, **{"n_iters": 1000, "tol": 1e-6, **solver_options,
+                                              "eps": eps})  # fmt: skip
         self.wrt = wrt
         self.warm_start = bool(warm_start)
         self.batched = x.dim() == 3
@@ -130,12 +113,12 @@ class HessianOperator:
         self.device = own.device
         # (coefficient, cached plan, mode): "x"/"y" a one-sided block of OT(x, y); "both" the
         # sum of all blocks of a self-transport OT(z, z), the Hessian of z ↦ OT(z, z).
-        res = sinkhorn(x, y, a, b, **opts)
+        res = solve_points(x, y, a, b, opts)
         self.results = [res]
         self.terms = [(1.0, TransportHessian(res), wrt)]
         if debias:
             z, w = (x, a) if wrt == "x" else (y, b)
-            res_self = sinkhorn(z, z, w, w, **opts)
+            res_self = solve_points(z, z, w, w, opts)
             self.results.append(res_self)
             self.terms.append((-0.5, TransportHessian(res_self), "both"))
         self._w0: list[torch.Tensor | None] = [None] * len(self.terms)

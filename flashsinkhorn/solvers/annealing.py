@@ -20,14 +20,17 @@ def estimate_diameter(x: torch.Tensor, y: torch.Tensor) -> float:
     return float((hi - lo).norm())
 
 
-def geometric_ladder(start: float, stop: float, ratio: float) -> list[float]:
+def geometric_ladder(
+    start: float, stop: float, ratio: float, *, keep_start: bool = False
+) -> list[float]:
     """GeomLoss-style ladder: ``[start] + exp(arange(log start, log stop, log ratio)) + [stop]``.
 
     The first value appears twice, as in GeomLoss, so that a drop-in reproduces its iterations.
-    With ``start <= stop`` the ladder is just ``[stop]``.
+    With ``start <= stop`` the ladder is just ``[stop]``, or ``[start, stop]`` with
+    ``keep_start`` (GeomLoss's own list when the diameter is below the blur).
     """
     if not (start > stop):
-        return [stop]
+        return [start, stop] if keep_start else [stop]
     steps = np.arange(math.log(start), math.log(stop), math.log(ratio))
     return [start] + [float(math.exp(e)) for e in steps] + [stop]
 

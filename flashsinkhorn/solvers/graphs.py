@@ -6,7 +6,7 @@ with a fixed number of iterations (``tol=None``) on a stateless backend repeats 
 launches on the same addresses. The second time such a solve is seen, its launches are captured
 into a CUDA graph (with the dual value computed from the potentials). From the third time on,
 the graph replays them in one launch, without the Python and launcher work of the ~20–30
-kernels (docs/performance.md, entry 15).
+kernels (the host work of a 10-iteration solve is then one graph launch).
 
 The key holds everything the launches depend on. For every tensor of the problem it holds the
 address, shape, strides and dtype; it also holds every other field of the problem, the eps
@@ -24,13 +24,9 @@ import torch
 
 from .._cuda_graph import GraphCache, tensor_key
 from ..problem import Problem
+from ..tuning import TUNING
 
-#: Capture fixed-iteration solves on CUDA and replay them (False: always launch from Python).
-USE_SOLVE_GRAPHS = True
-#: Graphs kept (least recently used evicted); each holds its potentials and scratch buffers.
-MAX_GRAPHS = 16
-
-_CACHE = GraphCache(MAX_GRAPHS)
+_CACHE = GraphCache(TUNING.max_solve_graphs)
 
 
 def _field_key(v):
@@ -45,7 +41,7 @@ def solve_key(problem: Problem, backend, eps_list, n_iters: int, schedule: str) 
     """The cache key of a fixed-iteration solve, or None when it is not graphed (not CUDA, a
     backend that holds state of its own, graphs off, or a capture of the caller's under way)."""
     if not (
-        USE_SOLVE_GRAPHS
+        TUNING.solve_graphs
         and problem.device.type == "cuda"
         and getattr(type(backend), "graph_safe", False)
     ):
@@ -68,7 +64,7 @@ def run(key: tuple, solve: Callable[[], tuple[torch.Tensor, ...]], device) -> tu
     """The tensors ``solve()`` returns: run eagerly the first time ``key`` is met, captured the
     second time, replayed from then on (the outputs are then clones of the graph's buffers).
     ``solve`` must launch work without host synchronisation."""
-    _CACHE.max_graphs = MAX_GRAPHS
+    _CACHE.max_graphs = TUNING.max_solve_graphs
     return _CACHE.run(key, solve, device)
 
 

@@ -1,0 +1,208 @@
+"""The validated options of a solve: built once at the public boundary, read everywhere below.
+
+The public functions (:func:`flashsinkhorn.sinkhorn`, :func:`~flashsinkhorn.ot_cost`,
+:func:`~flashsinkhorn.sinkhorn_divergence`, the distributed and OTDD entry points, the Hessian
+operator) keep their explicit keyword arguments; each turns them into one
+:class:`SinkhornOptions` with :meth:`SinkhornOptions.build`, which checks every value and
+raises a ``ValueError`` or ``TypeError`` naming the argument. The engine, the solver loop and
+the operators only ever receive that object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, replace
+from numbers import Real
+
+import torch
+
+from . import _validation as V
+from .costs import COST_DEFAULTS, CostSpec, check_cost
+
+#: Schur-solve defaults of second derivatives. tau is *relative*: S + tau·diag(b̂), the same
+#: damping for any n, m and mass; 1e-5 bounds the condition number of the
+#: Jacobi-preconditioned system by about 1e5 (docs/hvp.md).
+DEFAULT_TAU = 1e-5
+DEFAULT_CG_TOL = 1e-6
+DEFAULT_CG_MAX_ITER = 500
+
+
+@dataclass(frozen=True)
+class HVPOptions:
+    """Settings of the Schur solve behind a Hessian–vector product.
+
+    Attributes:
+        tau: relative damping >= 0 of the Schur complement (0: the exact pseudo-inverse).
+        cg_tol: true relative residual at which CG stops.
+        cg_max_iter: CG iteration cap.
+        cg_check_every: CG iterations between two host-side residual tests.
+    """
+
+    tau: float = DEFAULT_TAU
+    cg_tol: float = DEFAULT_CG_TOL
+    cg_max_iter: int = DEFAULT_CG_MAX_ITER
+    cg_check_every: int = 10
+
+    @classmethod
+    def build(cls, options: object = None, name: str = "hvp_options", **kw) -> HVPOptions:
+        """Validates a dict of settings (``options``) or keyword settings.
+
+        Raises:
+            TypeError: ``options`` is not a dict or None; a value of the wrong type.
+            ValueError: an unknown key or a value out of range, naming it.
+        """
+        if options is None:
+            options = {}
+        if isinstance(options, HVPOptions):
+            return options
+        if not isinstance(options, dict):
+            raise TypeError(
+                f"{name} must be a dict with keys among tau, cg_tol, cg_max_iter, "
+                f"cg_check_every, or None; got {type(options).__name__}"
+            )
+        values = {**options, **kw}
+        allowed = [f.name for f in dataclasses.fields(cls)]
+        for key in values:
+            if key not in allowed:
+                raise ValueError(f"{name}: unknown key {key!r} (allowed: {', '.join(allowed)})")
+        out = {f: values.get(f, getattr(cls, f)) for f in allowed}
+        tau = out["tau"]
+        if isinstance(tau, bool) or not isinstance(tau, Real):
+            raise TypeError(f"tau must be a real number >= 0, got {type(tau).__name__}")
+        tau = float(tau)
+        if not (tau >= 0 and tau != float("inf")):
+            raise ValueError(f"tau must be finite and >= 0, got {tau}")
+        return cls(
+            tau=tau,
+            cg_tol=V.check_positive("cg_tol", out["cg_tol"]),
+            cg_max_iter=V.check_int("cg_max_iter", out["cg_max_iter"], 1),
+            cg_check_every=V.check_int("cg_check_every", out["cg_check_every"], 1),
+        )
+
+
+#: Solver options and their defaults (the keyword arguments of :func:`flashsinkhorn.sinkhorn`
+#: other than the cost arguments of ``costs.COST_DEFAULTS``).
+SOLVER_DEFAULTS = {
+    "n_iters": 1000,
+    "tol": 1e-3,
+    "check_every": 10,
+    "schedule": "symmetric",
+    "scaling": None,
+    "diameter": None,
+    "rho_x": None,
+    "rho_y": None,
+    "backend": "auto",
+    "precision": "auto",
+    "check_finite": True,
+    "path": "auto",
+}
+
+
+@dataclass(frozen=True)
+class SinkhornOptions:
+    """Every setting of a solve, validated (see :func:`flashsinkhorn.sinkhorn` for meanings).
+
+    Attributes:
+        eps: entropic regularisation, > 0, in units of the cost.
+        n_iters: iterations at the target eps (the maximum when ``tol`` is set).
+        tol: marginal-error tolerance, or None for exactly ``n_iters`` iterations.
+        check_every: iterations between two convergence tests.
+        schedule: one of ``_validation.SCHEDULES``.
+        scaling: eps-annealing factor in (0, 1), or None.
+        diameter: start of the annealing, or None to estimate it.
+        rho_x: KL relaxation of the x marginal, or None (hard constraint).
+        rho_y: the same for y.
+        backend: "auto", "torch" or "triton".
+        precision: "auto", "ieee", "tf32" or "tf32x3".
+        check_finite: check the inputs for NaN/inf.
+        path: "auto", "streaming" or "dense".
+        cost: the validated cost description (:class:`~flashsinkhorn.costs.CostSpec`).
+        hvp: Schur-solve settings of second derivatives.
+    """
+
+    eps: float
+    n_iters: int = 1000
+    tol: float | None = 1e-3
+    check_every: int = 10
+    schedule: str = "symmetric"
+    scaling: float | None = None
+    diameter: float | None = None
+    rho_x: float | None = None
+    rho_y: float | None = None
+    backend: str = "auto"
+    precision: str = "auto"
+    check_finite: bool = True
+    path: str = "auto"
+    cost: CostSpec = field(default_factory=CostSpec)
+    hvp: HVPOptions = field(default_factory=HVPOptions)
+
+    @classmethod
+    def build(
+        cls,
+        x: torch.Tensor | None = None,
+        y: torch.Tensor | None = None,
+        *,
+        hvp_options: object = None,
+        **kw,
+    ) -> SinkhornOptions:
+        """Validates keyword options; the cost arguments are checked against ``x`` and ``y``.
+
+        Args:
+            x: source points (already checked by ``_validation.check_points``), needed when
+                cost arguments are given; None for options without a cost.
+            y: target points, likewise.
+            hvp_options: dict of Schur-solve settings (:class:`HVPOptions`), or None.
+            **kw: ``eps`` and any key of ``SOLVER_DEFAULTS`` or ``costs.COST_DEFAULTS``.
+
+        Raises:
+            TypeError: an unknown keyword, or a value of the wrong type (naming it).
+            ValueError: a value out of range (naming it).
+        """
+        unknown = sorted(set(kw) - set(SOLVER_DEFAULTS) - set(COST_DEFAULTS) - {"eps"})
+        if unknown:
+            raise TypeError(f"unexpected option(s) {unknown}")
+        if "eps" not in kw:
+            raise TypeError("eps is required")
+        s = {k: kw.get(k, d) for k, d in SOLVER_DEFAULTS.items()}
+        cost_kw = {k: kw[k] for k in COST_DEFAULTS if k in kw}
+        check_finite = s["check_finite"]
+        if not isinstance(check_finite, bool):
+            raise TypeError(f"check_finite must be a bool, got {type(check_finite).__name__}")
+        if cost_kw and x is None:
+            raise TypeError("cost options need the point clouds to be checked against")
+        spec = CostSpec() if x is None else check_cost(x, y, **cost_kw)
+        return cls(
+            eps=V.check_positive("eps", kw["eps"]),
+            n_iters=V.check_int("n_iters", s["n_iters"], 1),
+            tol=V.check_positive("tol", s["tol"], allow_none=True),
+            check_every=V.check_int("check_every", s["check_every"], 1),
+            schedule=V.check_choice("schedule", s["schedule"], V.SCHEDULES),
+            scaling=V.check_scaling(s["scaling"]),
+            diameter=V.check_positive("diameter", s["diameter"], allow_none=True),
+            rho_x=V.check_positive("rho_x", s["rho_x"], allow_none=True),
+            rho_y=V.check_positive("rho_y", s["rho_y"], allow_none=True),
+            backend=V.check_choice("backend", s["backend"], V.BACKENDS),
+            precision=V.check_choice("precision", s["precision"], V.PRECISIONS),
+            check_finite=check_finite,
+            path=V.check_choice("path", s["path"], V.PATHS),
+            cost=spec,
+            hvp=HVPOptions.build(hvp_options),
+        )
+
+    def replace(self, **changes) -> SinkhornOptions:
+        """A copy with some fields changed (the new values are trusted: validate first)."""
+        return replace(self, **changes)
+
+    def solver_kwargs(self) -> dict:
+        """The solver settings as keyword arguments (``SOLVER_DEFAULTS`` keys and ``eps``)."""
+        return {"eps": self.eps, **{k: getattr(self, k) for k in SOLVER_DEFAULTS}}
+
+
+def public_options(scope: dict) -> dict:
+    """The option keywords among a public function's arguments (its ``locals()``).
+
+    Public functions spell out their keyword arguments for users and IDEs; this collects them
+    for :meth:`SinkhornOptions.build` without writing the list again.
+    """
+    names = {"eps", *SOLVER_DEFAULTS, *COST_DEFAULTS}
+    return {k: v for k, v in scope.items() if k in names}
