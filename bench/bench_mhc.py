@@ -20,8 +20,10 @@ import torch
 import triton
 import triton.testing
 
+from flashsinkhorn import tuning
 from flashsinkhorn.mhc import HyperConnection, HyperConnectionReference, sk_triton
 from flashsinkhorn.mhc.reference import sinkhorn_knopp_reference
+from flashsinkhorn.tuning import TUNING
 
 ROWS: list[dict] = []
 
@@ -64,9 +66,9 @@ FWD_CANDS = [
     ((8, True, True), (128, 4)),
 ]
 BWD_CANDS = [
-    (sk_triton.SMALL_BWD_OPTS, sk_triton.SMALL_CONFIG["bwd"]),
-    ((9, True, False, 2, False, True, True), (64, 2, 128)),  # the previous default (colsum, keep_a 9)
-    ((8, True, False, 2, False, True), (64, 2, 128)),  # the default before colsum (keep_a 8, ckpt 2)
+    (TUNING.mhc_small_bwd, sk_triton.SMALL_CONFIG["bwd"]),
+    ((9, True, False, 2, False, True, True), (64, 2, 128)),  # fully unrolled, colsum, keep_a 9
+    ((8, True, False, 2, False, True), (64, 2, 128)),  # no colsum, keep_a 8, ckpt 2
     ((8, True, False), (64, 2)),
 ]
 DEEPSEEK_BWD = ((8, True, False, 2, False, True), (64, 2))
@@ -86,12 +88,13 @@ def _cand_name(variant, opts, cfg):
 
 
 def _with(opts, cfg_key, cfg, fn):
-    old_opts, old_cfg = sk_triton.SMALL_BWD_OPTS, sk_triton.SMALL_CONFIG[cfg_key]
-    sk_triton.SMALL_BWD_OPTS, sk_triton.SMALL_CONFIG[cfg_key] = opts, cfg
+    old_cfg = sk_triton.SMALL_CONFIG[cfg_key]
+    sk_triton.SMALL_CONFIG[cfg_key] = cfg
     try:
-        return fn()
+        with tuning.override(mhc_small_bwd=tuple(opts)):
+            return fn()
     finally:
-        sk_triton.SMALL_BWD_OPTS, sk_triton.SMALL_CONFIG[cfg_key] = old_opts, old_cfg
+        sk_triton.SMALL_CONFIG[cfg_key] = old_cfg
 
 
 def precompile(share, n_shares):
@@ -191,22 +194,25 @@ def _bench_projection_size(B, sweep, baselines):
 
 
 LAYER_VARIANTS = {
-    # name: overrides of flashsinkhorn.mhc.layer's module switches; None = library default
+    # name: overrides of the layer's switches (TUNING fields or flashsinkhorn.mhc.layer's
+    # tile configurations); None = library default
     "triton_tf32": None,
-    "triton_tf32[gemm reads phi]": {"GEMM_PHI_T": False},
+    "triton_tf32[gemm reads phi]": {"mhc_gemm_phi_t": False},
     "triton_tf32[dx 32x32x4w]": {"DX_CFG": (32, 32, 4)},
     "triton_tf32[dphi 16x128x4w]": {"DPHI_CFG": (16, 128, 4, 4)},
-    "triton_tf32[old schedule]": {"FUSED_DX": False},
+    "triton_tf32[unfused schedule]": {"mhc_fused_dx": False},
 }
-_LAYER_SWITCHES = ("FUSED_DX", "DX_CFG", "DPHI_CFG", "GEMM_PHI_T")
+_LAYER_CFGS = ("DX_CFG", "DPHI_CFG")
+_LAYER_SWITCHES = ("mhc_fused_dx", "mhc_gemm_phi_t")
 
 
 def _layer_setup(spec):
     from flashsinkhorn.mhc import layer as L
 
-    saved = {k: getattr(L, k) for k in _LAYER_SWITCHES}
+    saved = {k: getattr(L, k) for k in _LAYER_CFGS}
+    saved.update({k: getattr(TUNING, k) for k in _LAYER_SWITCHES})
     for k, v in (spec or {}).items():
-        setattr(L, k, v)
+        setattr(L if k in _LAYER_CFGS else TUNING, k, v)
     return saved
 
 
@@ -214,7 +220,7 @@ def _layer_restore(saved):
     from flashsinkhorn.mhc import layer as L
 
     for k, v in saved.items():
-        setattr(L, k, v)
+        setattr(L if k in _LAYER_CFGS else TUNING, k, v)
 
 
 def bench_layer(tokens, C, n=4, iters=20, out=None, sweep=True):

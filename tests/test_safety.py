@@ -253,8 +253,10 @@ def test_mhc_kernel_cache_thread_safe():
     # Generated Triton kernels are cached per (n, n_iters, variant): concurrent first calls
     # must build one kernel object, not race and compile several.
     from flashsinkhorn.mhc import sk_triton
+    from flashsinkhorn.tuning import TUNING
 
-    key = (3, 7, "log")
+    # the cache key: (n, n_iters, variant, generator options, block)
+    key = (3, 7, "log", tuple(TUNING.mhc_small_bwd), sk_triton.SMALL_CONFIG["bwd"][0])
     sk_triton._SMALL_CACHE.pop(key, None)
     barrier = threading.Barrier(6)
 
