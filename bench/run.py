@@ -325,8 +325,20 @@ def merge_results(path: Path, info: dict, new_rows: list[dict], versions: dict) 
     data["rows"] = rows
     data["updated"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    path.write_text(results_json(data))
     return data
+
+
+def results_json(data: dict) -> str:
+    """The results file as text: top-level keys indented, one row per line (diffs stay short)."""
+    parts = []
+    for k, v in data.items():
+        if k == "rows":
+            rows = ",\n".join("  " + json.dumps(r) for r in v)
+            parts.append(f' "rows": [\n{rows}\n ]')
+        else:
+            parts.append(f" {json.dumps(k)}: {json.dumps(v)}")
+    return "{\n" + ",\n".join(parts) + "\n}\n"
 
 
 def format_table(rows: list[dict]) -> str:

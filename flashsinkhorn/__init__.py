@@ -21,7 +21,7 @@ __all__ = [
     "sinkhorn_divergence",
 ]
 
-# Second order (issue 4): streaming Hessian–vector products and the scipy LinearOperator.
+# Second order: streaming Hessian–vector products and the scipy LinearOperator.
 from .hessian import HessianOperator, HVPResult, hessian_operator, hvp  # noqa: E402
 
 __all__ += ["HVPResult", "HessianOperator", "hessian_operator", "hvp"]

@@ -73,8 +73,8 @@ def launch(kernel, grid, *args, **kwargs) -> None:
 def _compile_and_load(kernel, grid, args, kwargs) -> None:
     """Compiles one recorded launch and, where Triton allows, builds its launcher and loads its
     binary too (``CompiledKernel._init_handles``, otherwise done by the first launch on the
-    main thread: 1.3-1.7 s for the three prepare kernels of a fresh process on the H200,
-    docs/performance.md entry 18)."""
+    main thread: measured 1.3-1.7 s for the three prepare kernels of a fresh process on an
+    H200)."""
     compiled = kernel.warmup(*args, grid=grid, **kwargs)
     init = getattr(compiled, "_init_handles", None)
     if not callable(init):

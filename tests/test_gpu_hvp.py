@@ -110,7 +110,7 @@ def test_double_backward_on_gpu_matches_cpu():
 
 
 def test_hvp_bench_shape_runs_and_reports():
-    # The bench shape of issue 4: n = m = 10,000, d = 64, 50 CG its, tau = 1e-5, strict fp32.
+    # The HVP bench shape: n = m = 10,000, d = 64, 50 CG its, tau = 1e-5, strict fp32.
     g = torch.Generator().manual_seed(0)
     x = torch.rand(10_000, 64, generator=g).cuda()
     y = torch.rand(10_000, 64, generator=g).cuda()

@@ -17,6 +17,7 @@ import torch
 
 from .. import _validation as V
 from ..losses import ot_cost
+from ..options import SinkhornOptions, public_options
 from ..solvers import estimate_diameter
 from ._labels import (
     Classes,
@@ -185,16 +186,9 @@ def class_distance_matrix(
     V2 = check_labels("l2", l2, x2, v2)
     a1 = check_class_weights("a1", a1, x1)
     a2 = check_class_weights("a2", a2, x2)
-    # The solver options, checked before anything runs (the solver checks them again).
-    eps = V.check_positive("eps", eps)
-    V.check_int("n_iters", n_iters, 1)
-    V.check_positive("tol", tol, allow_none=True)
-    V.check_int("check_every", check_every, 1)
-    V.check_choice("schedule", schedule, V.SCHEDULES)
-    V.check_choice("backend", backend, V.BACKENDS)
-    V.check_choice("precision", precision, V.PRECISIONS)
-    V.check_scaling(scaling)
-    diameter = V.check_positive("diameter", diameter, allow_none=True)
+    # The solver options, checked before anything runs.
+    solver = SinkhornOptions.build(**public_options(locals()))
+    eps, diameter = solver.eps, solver.diameter
     if max_batch_elements is None:
         max_batch_elements = MAX_BATCH_ELEMENTS
     max_batch_elements = V.check_int("max_batch_elements", max_batch_elements, 1)
@@ -208,11 +202,7 @@ def class_distance_matrix(
         with torch.no_grad():
             diameter = estimate_diameter(x1.detach()[None], x2.detach()[None])
         diameter = diameter if diameter > 0 else None
-    options = dict(
-        eps=eps, n_iters=n_iters, tol=tol, check_every=check_every, schedule=schedule,
-        scaling=scaling, diameter=diameter, backend=backend, precision=precision,
-        check_finite=check_finite,
-    )  # fmt: skip
+    options = {**public_options(locals()), "diameter": diameter}
 
     d = x1.shape[1]
     sets = ((x1, c1, 0), (x2, c2, V1))

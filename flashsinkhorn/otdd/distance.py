@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import _validation as V
 from ..losses import sinkhorn_divergence
+from ..options import SinkhornOptions, public_options
 from ._labels import (
     check_class_weights,
     check_cloud,
@@ -148,21 +148,11 @@ def otdd_distance(
     lw = _check_weight("label_weight", label_weight)
     if not isinstance(differentiable_w, bool):
         raise TypeError(f"differentiable_w must be a bool, got {type(differentiable_w).__name__}")
-    # The outer solver options, checked before W is built (the solver checks them again).
-    V.check_positive("eps", eps)
-    V.check_int("n_iters", n_iters, 1)
-    V.check_positive("tol", tol, allow_none=True)
-    V.check_int("check_every", check_every, 1)
-    V.check_choice("schedule", schedule, V.SCHEDULES)
-    V.check_scaling(scaling)
-    V.check_positive("diameter", diameter, allow_none=True)
-    V.check_choice("backend", backend, V.BACKENDS)
-    V.check_choice("precision", precision, V.PRECISIONS)
-    outer = dict(
-        eps=eps, n_iters=n_iters, tol=tol, check_every=check_every, schedule=schedule,
-        scaling=scaling, diameter=diameter, backend=backend, precision=precision,
-        check_finite=check_finite,
-    )  # fmt: skip
+    # The outer solver options, checked before W is built.
+    outer = public_options(locals())
+    for k in ("feature_weight", "label_weight", "label_cost"):
+        outer.pop(k, None)
+    SinkhornOptions.build(**outer)
 
     if label_cost is None:
         opts = dict(outer, progress=progress)
