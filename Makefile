@@ -3,18 +3,31 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# torch is installed first, from TORCH_SPEC with PIP_TORCH_ARGS. On plain PyPI (Linux)
+# torch==2.13.0 is the CUDA build (~17 nvidia-* packages, several GB, with its own Triton);
+# on the CI machines it resolves to a local CPU wheel. A CPU-only machine elsewhere:
+#   make test PIP_TORCH_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+# A torch already importable in .venv is kept.
+TORCH_SPEC ?= torch==2.13.0
+PIP_TORCH_ARGS ?=
 
 .PHONY: demo test test-gpu lint format docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# CPU build of torch first so that nothing pulls a multi-GB CUDA build.
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(PIP_TORCH_ARGS) "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test,dev]"
 	touch $(STAMP)
 
-demo: $(STAMP)
+# The demo's own dependency (matplotlib, the `demo` extra) only for `make demo`.
+DEMO_STAMP := $(VENV)/.demo-installed
+
+$(DEMO_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[demo]"
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(PY) examples/demo.py
 
 test: $(STAMP)
