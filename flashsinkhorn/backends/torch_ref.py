@@ -1,6 +1,16 @@
 """Plain PyTorch backend: dense for small problems, row-chunked with bounded memory otherwise.
 
 It is the CPU default, the float64 path and the oracle the Triton kernels are tested against.
+
+Transport operators from potentials: for a row side R, a column side C and potentials
+(p_R, p_C) the plan is
+
+    P_ij = w^R_i w^C_j exp((p_R,i + p_C,j − C_ij) / eps) = exp(h_i + z_ij),
+
+with z_ij the column-biased scores of :func:`block_scores` and h_i = (p_R,i − offset_i)/eps +
+log w^R_i. Each row block is handled as a softmax: with L_i = LSE_j z_ij, the row marginal is
+â_i = exp(h_i + L_i) and (P V)_i = â_i · Σ_j softmax_j(z_i·) V_j, which never overflows even
+for potentials far from a fixed point. Pᵀ U is the same operator with the two sides exchanged.
 """
 
 from __future__ import annotations
@@ -11,6 +21,7 @@ import torch
 
 from ..problem import Side
 from .base import Backend
+from .kernel_costs import cost_from_sq, grad_weight, shifted
 
 # Score elements materialised at once (B · rows · m); 2^24 fp32 is 64 MiB.
 CHUNK_ELEMENTS = 1 << 24
@@ -73,12 +84,12 @@ def label_block(rows: Side, sl: slice, cols: Side) -> torch.Tensor:
 
 
 def distance_block(rows_x: torch.Tensor, rsq: torch.Tensor, cols: Side, dtype) -> torch.Tensor:
-    """(B, r, m) sqrt(max(‖r_i‖² + ‖c_j‖² − 2 r_i·c_j, sq_floor)): the euclidean kernel cost,
-    from the same expansion the kernels use (clamped: rounding may make it slightly < 0)."""
+    """(B, r, m) cost of a non-shifted kernel cost (``kernel_costs.cost_from_sq``) of a row
+    block, from the same expansion ‖r_i‖² + ‖c_j‖² − 2 r_i·c_j that the kernels use."""
     xr = rows_x.to(dtype)
     yc = cols.x.to(dtype)
     d2 = torch.baddbmm(rsq[:, :, None] + cols.sq[:, None, :], xr, yc.transpose(1, 2), alpha=-2.0)
-    return d2.clamp_min(cols.sq_floor).sqrt()
+    return cost_from_sq(cols.cost, d2, cols.sq_floor)
 
 
 def block_scores(rows: Side, sl: slice, cols: Side, col_pot: torch.Tensor, eps: float):
@@ -87,12 +98,12 @@ def block_scores(rows: Side, sl: slice, cols: Side, col_pot: torch.Tensor, eps: 
     Returns ``(z, offset, dist)``: z (B, r, m) log-domain scores such that the soft-min is
     ``T_i = offset_i − eps · LSE_j z_ij`` and the plan ``P_ij = exp(h_i + z_ij)`` with
     ``h_i = (p_i − offset_i)/eps + log w_i``; ``offset`` is ‖r_i‖² for the squared Euclidean
-    cost (the shifted form) and 0 for the euclidean cost; ``dist`` is the (B, r, m) distance
-    block for the euclidean cost (None otherwise).
+    cost (the shifted form) and 0 for the other costs; ``dist`` is the (B, r, m) cost block of
+    the other costs (None for the squared Euclidean cost).
     """
     dtype = col_pot.dtype
     dist = None
-    if rows.cost == "euclidean":
+    if not shifted(rows.cost):
         dist = distance_block(rows.x[:, sl], rows.sq[:, sl], cols, dtype)
         z = (col_pot[:, None, :] - dist) / eps + cols.logw[:, None, :]
         offset = torch.zeros_like(rows.sq[:, sl])
@@ -106,7 +117,7 @@ def block_scores(rows: Side, sl: slice, cols: Side, col_pot: torch.Tensor, eps: 
 
 def cost_block(rows: Side, sl: slice, cols: Side, dtype) -> torch.Tensor:
     """(B, r, m) full cost C_ij of a row block (kernel cost plus label term)."""
-    if rows.cost == "euclidean":
+    if not shifted(rows.cost):
         C = distance_block(rows.x[:, sl], rows.sq[:, sl], cols, dtype)
     else:
         xr, yc = rows.x[:, sl].to(dtype), cols.x.to(dtype)
@@ -116,6 +127,88 @@ def cost_block(rows: Side, sl: slice, cols: Side, dtype) -> torch.Tensor:
     if rows.labels is not None:
         C = C + label_block(rows, sl, cols)
     return C
+
+
+def _row_softmax(rows: Side, cols: Side, row_pot, col_pot, eps: float, sl: slice, dist=False):
+    """((B, r, m) row-softmax of the scores, (B, r) row marginal â) for a block of rows;
+    with ``dist=True`` also the cost block of a non-shifted cost (None otherwise)."""
+    z, offset, D = block_scores(rows, sl, cols, col_pot.to(rows.sq.dtype), eps)
+    lse = torch.logsumexp(z, dim=2, keepdim=True)
+    # A row with no reachable column (all weights zero) has lse = -inf: give it zero mass.
+    lse_safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    soft = torch.exp(z - lse_safe)
+    h = (row_pot[:, sl] - offset) / eps + rows.logw[:, sl]
+    marg = torch.nan_to_num(torch.exp(h + lse[..., 0]), nan=0.0)
+    return (soft, marg, D) if dist else (soft, marg)
+
+
+def transport(
+    rows: Side,
+    cols: Side,
+    row_pot: torch.Tensor,
+    col_pot: torch.Tensor,
+    eps: float,
+    V: torch.Tensor | None,
+    A: torch.Tensor | None,
+    Bw: torch.Tensor | None,
+    precision: str,
+    chunk_elements: int = CHUNK_ELEMENTS,
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(P ∘ A Bwᵀ) V (or P V without A, Bw) and the row marginal P 1; see Backend.transport."""
+    B, n, _ = rows.x.shape
+    m = cols.x.shape[1]
+    dtype = rows.sq.dtype
+    marg = torch.empty_like(rows.sq)
+    out = None if V is None else V.new_empty((B, n, V.shape[2]), dtype=dtype)
+    Vd = None if V is None else V.to(dtype)
+    with matmul_precision(precision, rows.x.device):
+        for sl in row_chunks(B, n, m, chunk_elements):
+            soft, marg[:, sl] = _row_softmax(rows, cols, row_pot, col_pot, eps, sl)
+            if V is None:
+                continue
+            if A is not None:
+                soft = soft * torch.bmm(A[:, sl].to(dtype), Bw.to(dtype).transpose(1, 2))
+            out[:, sl] = marg[:, sl, None] * torch.bmm(soft, Vd)
+    return out, marg
+
+
+def transport_grad(
+    rows: Side,
+    cols: Side,
+    row_pot: torch.Tensor,
+    col_pot: torch.Tensor,
+    eps: float,
+    precision: str,
+    chunk_elements: int = CHUNK_ELEMENTS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(∇_r OT_eps, â): the envelope gradient w.r.t. the row points, â = P 1.
+
+    Squared Euclidean cost (labels or not): 2 (diag(â) r − P c). Other costs:
+    Σ_j P_ij w_ij (r_i − c_j) with the weights of ``kernel_costs.grad_weight`` (euclidean:
+    1 / ‖r_i − c_j‖, and the subgradient 0 where the distance is at or below the floor), i.e.
+    ``diag((P ∘ w) 1) r − (P ∘ w) c``.
+    """
+    B, n, d = rows.x.shape
+    m = cols.x.shape[1]
+    dtype = rows.sq.dtype
+    marg = torch.empty_like(rows.sq)
+    grad = rows.sq.new_empty((B, n, d))
+    yc = cols.x.to(dtype)
+    with matmul_precision(precision, rows.x.device):
+        for sl in row_chunks(B, n, m, chunk_elements):
+            if not shifted(rows.cost):
+                soft, marg[:, sl], D = _row_softmax(rows, cols, row_pot, col_pot, eps, sl, True)
+                wgt = grad_weight(rows.cost, soft, D, cols.sq_floor)
+                xr = rows.x[:, sl].to(dtype)
+                gsl = wgt.sum(-1, keepdim=True) * xr - torch.bmm(wgt, yc)
+                grad[:, sl] = marg[:, sl, None] * gsl
+                continue
+            soft, marg[:, sl] = _row_softmax(rows, cols, row_pot, col_pot, eps, sl)
+            # â_i (r_i − Σ_j softmax_ij c_j): the row-normalised form keeps the difference of
+            # two nearly equal terms at the scale of the points, not of â·points.
+            bary = torch.bmm(soft, yc)
+            grad[:, sl] = 2.0 * marg[:, sl, None] * (rows.x[:, sl].to(dtype) - bary)
+    return grad, marg
 
 
 class TorchBackend(Backend):
@@ -133,7 +226,7 @@ class TorchBackend(Backend):
         T = torch.empty_like(rows.sq)
         with matmul_precision(precision, rows.x.device):
             for sl in row_chunks(B, n, m, self.chunk_elements):
-                if rows.cost == "sqeuclidean" and rows.labels is None:
+                if shifted(rows.cost) and rows.labels is None:
                     lse = torch.logsumexp(scores(rows.x[:, sl], cols, col_pot, eps), dim=2)
                     T[:, sl] = rows.sq[:, sl] - eps * lse
                     continue
@@ -143,13 +236,9 @@ class TorchBackend(Backend):
         return out, (T if want_raw else None)
 
     def transport(self, rows, cols, row_pot, col_pot, eps, V, A, Bw, precision):
-        from .torch_transport import transport
-
         return transport(
             rows, cols, row_pot, col_pot, eps, V, A, Bw, precision, self.chunk_elements
         )
 
     def transport_grad(self, rows, cols, row_pot, col_pot, eps, precision):
-        from .torch_transport import transport_grad
-
         return transport_grad(rows, cols, row_pot, col_pot, eps, precision, self.chunk_elements)
