@@ -7,8 +7,9 @@ import torch
 
 import flashsinkhorn as fs
 from flashsinkhorn.backends import TorchBackend
-from flashsinkhorn.backends.triton import dense, lse
+from flashsinkhorn.backends.triton import dense
 from flashsinkhorn.problem import prepare
+from flashsinkhorn.tuning import TUNING
 
 from .loop_reference import torch_iterate
 
@@ -73,7 +74,7 @@ def test_dense_step_column_chunks(device, monkeypatch, split):
     monkeypatch.setattr(dense, "plan_split", spy)
     f64, g64 = torch_iterate(p64, eps, 2)
     f, g = f64.float().to(device), g64.float().to(device)
-    monkeypatch.setattr(lse, "FORCE_SPLIT", split)
+    monkeypatch.setattr(TUNING, "softmin_split", split)
     tail = (eps, 0.0, 1.0, 1.0, False, "ieee")
     got = dense.DenseTritonBackend(p).symmetric_step(p.X, p.Y, f, g, *tail)
     assert calls == [split, split]

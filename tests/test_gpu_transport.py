@@ -70,7 +70,7 @@ def test_hadamard_matches_torch_cuda(d):
 def test_hadamard_every_rank_and_precision_cuda(precision, d):
     # Rank blocks of 16, 32 and 64 against every score-operand layout (tile configs of 4 and 8
     # warps, one or three d-tiles): 16-wide tensor-core rank blocks once gave wrong weights
-    # and an illegal address on the H200 (transport._TC_MIN_RANK_BLOCK).
+    # and an illegal address on the H200 (configs.TC_MIN_RANK_BLOCK).
     g = torch.Generator().manual_seed(d)
     B, n, m, eps = 2, 213, 338, 0.4
     x = torch.rand(B, n, d, generator=g).cuda()
@@ -129,8 +129,9 @@ def test_batched_training_shape_cuda():
 def test_inplace_merge_is_deterministic_and_lean_cuda(monkeypatch, d):
     # The split sweeps merge into the output in chunk order (tickets): the gradient must equal
     # the per-chunk-partials path, be bit-identical run to run, and allocate no per-chunk
-    # accumulators (the old path's split x n x d floats).
+    # accumulators (the combine path's split x n x d floats).
     from flashsinkhorn.backends.triton import transport as T
+    from flashsinkhorn.tuning import TUNING
 
     g = torch.Generator(device="cuda").manual_seed(7)
     n = 10_000
@@ -142,7 +143,7 @@ def test_inplace_merge_is_deterministic_and_lean_cuda(monkeypatch, d):
     V = torch.randn(1, n, 1, device="cuda", generator=g)
     out = {}
     for merge in (False, True, True):
-        monkeypatch.setattr(T, "INPLACE_MERGE", merge)
+        monkeypatch.setattr(TUNING, "inplace_merge", merge)
         T.transport_grad(p.X, p.Y, f, gg, 0.1, "tf32")  # compiled and loaded
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()

@@ -116,15 +116,15 @@ def test_tf32_mode_solves_the_rounded_problem(device, spread):
 
 def test_no_recompile_for_new_n(device):
     """A new n, m at a known d reuses the compiled kernel (n, m are not specialised)."""
-    from flashsinkhorn.backends.triton import lse
+    from flashsinkhorn.backends.triton import softmin
 
-    if not hasattr(lse._softmin_fwd_kernel, "device_caches"):
+    if not hasattr(softmin._softmin_fwd_kernel, "device_caches"):
         pytest.skip("interpreter: nothing is compiled")
     x1, y1 = torch.rand(100, 8, device=device), torch.rand(77, 8, device=device)
     fs.sinkhorn(x1, y1, eps=0.1, n_iters=2, tol=None, schedule="alternating")
 
     def n_compiled():
-        return sum(len(c[0]) for c in lse._softmin_fwd_kernel.device_caches.values())
+        return sum(len(c[0]) for c in softmin._softmin_fwd_kernel.device_caches.values())
 
     before = n_compiled()
     for n, m in ((257, 1000), (1024, 96), (3001, 4097)):
@@ -136,9 +136,9 @@ def test_no_recompile_for_new_n(device):
 @pytest.mark.parametrize("split", [1, 2, 3])
 def test_column_split_paths_agree(device, monkeypatch, split):
     """Single sweep and split sweeps (partial max/sum merged by the combine kernel) agree."""
-    from flashsinkhorn.backends.triton import lse
+    from flashsinkhorn.tuning import TUNING
 
-    monkeypatch.setattr(lse, "FORCE_SPLIT", split)
+    monkeypatch.setattr(TUNING, "softmin_split", split)
     p = _problem(2, 45, 97, 3, device, seed=8, zero_weight=True)
     f, g = _pots(p, 9)
     tri = resolve_backend("triton", p.device, torch.float32)

@@ -10,9 +10,9 @@ import torch
 import flashsinkhorn as fs
 from flashsinkhorn import _triton_launch as L
 from flashsinkhorn.backends import TorchBackend, resolve_backend
-from flashsinkhorn.backends import triton as tri_pkg
-from flashsinkhorn.backends.triton import lse, plan
+from flashsinkhorn.backends.triton import plan, softmin, split
 from flashsinkhorn.problem import prepare
+from flashsinkhorn.tuning import TUNING
 
 from .loop_reference import torch_iterate
 
@@ -35,14 +35,14 @@ def _spy_guards(mp):
     each step's flag (1: the fallback redid the step). The recorded launches of a first step's
     parallel compile (CUDA) are not steps and are left out."""
     flags = []
-    real = lse.symmetric_step
+    real = softmin.symmetric_step
 
     def spy(*a, **kw):
         if kw.get("guard") is not None and L._RECORDING.get() is None:
             flags.append(int(kw["guard"].item()))
         return real(*a, **kw)
 
-    mp.setattr(plan.lse, "symmetric_step", spy)
+    mp.setattr(plan.softmin, "symmetric_step", spy)
     return flags
 
 
@@ -71,7 +71,7 @@ def test_plan_step_matches_float64(device, monkeypatch, B, n, m, d, cost, rho):
     ref = TorchBackend().symmetric_step(
         p64.X, p64.Y, f.double().cpu(), g.double().cpu(), eps, 0.5, 0.5 * lx, 0.4 * lx, True, "ieee"
     )  # fmt: skip
-    two_sweeps = lse.symmetric_step(p.X, p.Y, f, g, eps, 0.5, 0.5 * lx, 0.4 * lx, True, "ieee")
+    two_sweeps = softmin.symmetric_step(p.X, p.Y, f, g, eps, 0.5, 0.5 * lx, 0.4 * lx, True, "ieee")
     for got, lse_got, want in zip(out, two_sweeps, ref, strict=True):
         err = (got.double().cpu() - want).abs().max()
         # fp32 accuracy, and never worse than the online-LSE step (the euclidean cost at d = 1
@@ -95,7 +95,7 @@ def test_out_of_range_plan_falls_back_to_online_lse(device, monkeypatch, eps):
     f, g = torch.zeros_like(p.X.sq), torch.zeros_like(p.Y.sq)
     out, flag = _plan_with_flag(monkeypatch, p.X, p.Y, f, g, eps, 0.5, 0.5, 0.5, True, "ieee")
     assert flag == 1
-    want = lse.symmetric_step(p.X, p.Y, f, g, eps, 0.5, 0.5, 0.5, True, "ieee")
+    want = softmin.symmetric_step(p.X, p.Y, f, g, eps, 0.5, 0.5, 0.5, True, "ieee")
     for got, w in zip(out, want, strict=True):
         assert torch.isfinite(got).all() and torch.equal(got, w)
 
@@ -107,7 +107,7 @@ def test_overflowing_plan_falls_back(device, monkeypatch):
     f, g = f + 8.0, g + 8.0  # exp(16 / 0.05) overflows fp32
     out, flag = _plan_with_flag(monkeypatch, p.X, p.Y, f, g, 0.05, 0.5, 0.5, 0.5, False, "ieee")
     assert flag == 1
-    want = lse.symmetric_step(p.X, p.Y, f, g, 0.05, 0.5, 0.5, 0.5, False, "ieee")
+    want = softmin.symmetric_step(p.X, p.Y, f, g, 0.05, 0.5, 0.5, 0.5, False, "ieee")
     assert torch.equal(out[0], want[0]) and torch.equal(out[1], want[1])
     assert torch.isfinite(out[0]).all()
 
@@ -132,7 +132,7 @@ def test_solve_with_plan_steps_matches_two_sweep_steps(device, monkeypatch, rho)
     if rho is not None:
         kw.update(rho_x=rho, rho_y=rho)
     with_plan = fs.sinkhorn(x, y, **kw)
-    monkeypatch.setattr(tri_pkg, "USE_PLAN_STEP", False)
+    monkeypatch.setattr(TUNING, "plan_step", False)
     two_sweeps = fs.sinkhorn(x, y, **kw)
     for a, b in ((with_plan.f, two_sweeps.f), (with_plan.g, two_sweeps.g)):
         assert (a - b).abs().max() <= 1e-5 * b.abs().max()
@@ -152,7 +152,7 @@ def test_zero_weights_and_labels_take_the_two_sweep_step(device):
     tri = resolve_backend("triton", pz.device, torch.float32)
     f, g = torch_iterate(pz, 0.2)
     got = tri.symmetric_step(pz.X, pz.Y, f, g, 0.2, 0.5, 0.5, 0.5, True, "ieee", phase="iterate")
-    want = lse.symmetric_step(pz.X, pz.Y, f, g, 0.2, 0.5, 0.5, 0.5, True, "ieee")
+    want = softmin.symmetric_step(pz.X, pz.Y, f, g, 0.2, 0.5, 0.5, 0.5, True, "ieee")
     for u, v in zip(got, want, strict=True):
         assert torch.equal(u, v)
     lx = (torch.arange(20, device=device) % 2)[None]
@@ -170,7 +170,7 @@ def test_many_row_blocks(device, monkeypatch):
     f, g = torch_iterate(p, 0.2)
     out, flag = _plan_with_flag(monkeypatch, p.X, p.Y, f, g, 0.2, 0.5, 0.5, 0.5, True, "ieee")
     assert flag == 0
-    want = lse.symmetric_step(p.X, p.Y, f, g, 0.2, 0.5, 0.5, 0.5, True, "ieee")
+    want = softmin.symmetric_step(p.X, p.Y, f, g, 0.2, 0.5, 0.5, 0.5, True, "ieee")
     for got, w in zip(out, want, strict=True):
         assert (got - w).abs().max() <= 2e-6 * w.abs().max()
 
@@ -240,50 +240,48 @@ def test_solve_never_falls_back_with_phases(device, monkeypatch):
 
 
 def test_split_for_fills_one_wave_where_the_residency_is_known(monkeypatch):
-    from flashsinkhorn.backends.triton import lse
     from flashsinkhorn.backends.triton.configs import LSEConfig
 
-    monkeypatch.setattr(lse, "_sm_count", lambda device: 132)
-    monkeypatch.setattr(lse, "FORCE_SPLIT", None)
+    monkeypatch.setattr(split, "sm_count", lambda device: 132)
+    monkeypatch.setattr(TUNING, "softmin_split", None)
     cuda = torch.device("cuda")
     cfg = LSEConfig(128, 128, 64, 1, 4, 3, blocks_per_sm=3)
     # 10k, d = 64: 79 row blocks, 3 x 132 = 396 slots -> 5 chunks (395 blocks, one wave)
-    assert plan.split_for(79, 10_000, cfg, cuda) == 5
+    assert split.split_for(79, 10_000, cfg, cuda) == 5
     # no room for two chunks per wave (50k: 391 blocks): the soft-min's rule (4 per SM)
-    assert plan.split_for(391, 50_000, cfg, cuda) == lse.split_count(391, 50_000, 128, cuda) == 2
+    assert split.split_for(391, 50_000, cfg, cuda) == split.split_count(391, 50_000, 128, cuda) == 2
     # never more chunks than column tiles
-    assert plan.split_for(10, 300, cfg, cuda) == 3
+    assert split.split_for(10, 300, cfg, cuda) == 3
     # without a measured residency, or with a forced split, the soft-min's rule
     plain = LSEConfig(128, 128, 64, 1, 4, 3)
-    assert plan.split_for(79, 10_000, plain, cuda) == lse.split_count(79, 10_000, 128, cuda) == 7
-    monkeypatch.setattr(lse, "FORCE_SPLIT", 2)
-    assert plan.split_for(79, 10_000, cfg, cuda) == 2
+    assert split.split_for(79, 10_000, plain, cuda) == split.split_count(79, 10_000, 128, cuda) == 7
+    monkeypatch.setattr(TUNING, "softmin_split", 2)
+    assert split.split_for(79, 10_000, cfg, cuda) == 2
 
 
 def test_wave_split_cost_model(monkeypatch):
-    from flashsinkhorn.backends.triton import lse
-
-    monkeypatch.setattr(lse, "_sm_count", lambda device: 132)
-    monkeypatch.setattr(lse, "FORCE_SPLIT", None)
+    monkeypatch.setattr(split, "sm_count", lambda device: 132)
+    monkeypatch.setattr(TUNING, "softmin_split", None)
     cuda = torch.device("cuda")
-    # the gradient pass at 10k, d = 128: 79 row blocks, 1 per SM. 7 chunks (the old rule) run
-    # in 5 waves (cost 5/7); 5 chunks in 3 full waves (3/5), the ideal being 79/132.
-    assert lse.wave_split(79, 10_000, 128, 1, cuda) == 5
+    # the gradient pass at 10k, d = 128: 79 row blocks, 1 per SM. 7 chunks (split_count's four
+    # programs per SM) run in 5 waves (cost 5/7); 5 chunks in 3 full waves (3/5), the ideal
+    # being 79/132.
+    assert split.wave_split(79, 10_000, 128, 1, cuda) == 5
     for s in range(1, 20):
         cost = -(-79 * s // 132) / s
         assert cost >= 0.6 - 1e-12
     # a grid past several waves, too: 313 blocks (40k) -> 5 chunks, 12 waves of 1/5 (2.4
-    # against 2.5 for the old 2 chunks)
-    assert lse.wave_split(313, 40_000, 128, 1, cuda) == 5
+    # against 2.5 for split_count's 2 chunks)
+    assert split.wave_split(313, 40_000, 128, 1, cuda) == 5
 
 
 def test_blocks_per_sm_matches_nsight_compute():
     from flashsinkhorn._triton_launch import blocks_per_sm
 
     h100 = (65536, 233472, 2048)
-    # Nsight Compute on the H200 (bench/results/dev/ncu_plan_transport_h200_s19.txt): the plan
-    # kernel at d = 64 (168 registers, 4 warps, 3 by registers, 4 by shared memory), at
-    # d = 128 (221 registers, 8 warps: 1), the gradient pass (255 registers, 8 warps: 1)
+    # Nsight Compute on the H200: the plan kernel at d = 64 (168 registers, 4 warps, 3 by
+    # registers, 4 by shared memory), at d = 128 (221 registers, 8 warps: 1), the gradient
+    # pass (255 registers, 8 warps: 1)
     assert blocks_per_sm(168, 50_000, 4, h100) == 3
     assert blocks_per_sm(221, 90_000, 8, h100) == 1
     assert blocks_per_sm(255, 150_000, 8, h100) == 1

@@ -132,9 +132,9 @@ def test_triton_tf32x3_is_fp32_accurate_where_tf32_is_not(device):
 @pytest.mark.parametrize("split", [None, 3])
 @pytest.mark.parametrize("B,n,m,d", SHAPES)
 def test_triton_tf32x3_transport_matches_torch(device, monkeypatch, split, B, n, m, d):
-    from flashsinkhorn.backends.triton import transport as T
+    from flashsinkhorn.tuning import TUNING
 
-    monkeypatch.setattr(T, "FORCE_SPLIT", split)
+    monkeypatch.setattr(TUNING, "transport_split", split)
     p = _problem(B, n, m, d, device, seed=d + 1, spread=1.0, zero_weight=True)
     eps = 0.4
     tb = TorchBackend()
@@ -225,7 +225,7 @@ def test_distributed_payload_rebuilds_split_parts_bitwise():
 def test_split_sides_are_never_read_as_grid_copies():
     # Sides prepared for "tf32x3" asked for at "tf32": the 2d-wide parts must not pass for the
     # d-wide float16 grid copies (the kernel would read the high parts only, at 11 bits).
-    from flashsinkhorn.backends.triton.lse import operands
+    from flashsinkhorn.backends.triton.operands import operands
 
     p = _problem(1, 29, 31, 5, torch.device("cpu"))
     xr, xc, scale, flag = operands(p.X, p.Y, "tf32")

@@ -9,6 +9,7 @@ import torch
 import flashsinkhorn as fs
 from flashsinkhorn.backends import TorchBackend, resolve_backend
 from flashsinkhorn.problem import prepare
+from flashsinkhorn.tuning import TUNING
 
 # (B, n, m, d): n, m never multiples of the 32-wide interpreter tiles; d crosses D_TILES.
 SHAPES = [(1, 37, 53, 1), (2, 45, 29, 3), (1, 33, 70, 17), (2, 21, 38, 130)]
@@ -196,9 +197,9 @@ def _spy_combine(monkeypatch):
 
 def _merges(d, p_width, r, n_cols, grad=False):
     """1 if a forced split (> 1) of this launch must go through the merge kernel, else 0."""
-    from flashsinkhorn.backends.triton import transport as T
+    from flashsinkhorn.backends.triton.configs import transport_config
 
-    cfg = T.transport_config(d, p_width, r)
+    cfg = transport_config(d, p_width, r)
     wide = (cfg.d_tiles if grad else cfg.p_tiles) > 1  # the wide path is never split
     return int(not wide and n_cols > cfg.block_n)
 
@@ -225,10 +226,8 @@ def _spy_split_sweeps(monkeypatch):
 def _force_split(monkeypatch, split, merge):
     """Forces the split count; returns the list of merges made: combine launches, or with the
     in-place merge the split sweeps (which must then launch no combine kernel)."""
-    from flashsinkhorn.backends.triton import transport as T
-
-    monkeypatch.setattr(T, "FORCE_SPLIT", split)
-    monkeypatch.setattr(T, "INPLACE_MERGE", merge)
+    monkeypatch.setattr(TUNING, "transport_split", split)
+    monkeypatch.setattr(TUNING, "inplace_merge", merge)
     combines = _spy_combine(monkeypatch)
     if not merge:
         return combines
@@ -297,9 +296,7 @@ def test_triton_split_hadamard_and_grad(device, monkeypatch, r, p_width, merge):
                                          ("euclidean", "global")])  # fmt: skip
 @pytest.mark.parametrize("merge", [False, True])
 def test_triton_split_costs_match_torch(device, monkeypatch, cost, labels, merge):
-    from flashsinkhorn.backends.triton import lse
-
-    monkeypatch.setattr(lse, "FORCE_GLOBAL_LABELS", labels == "global")
+    monkeypatch.setattr(TUNING, "global_labels", labels == "global")
     calls = _force_split(monkeypatch, 4, merge)
     B, n, m, d = 2, 45, 97, 3
     gen = torch.Generator().manual_seed(18)
@@ -356,10 +353,8 @@ def test_triton_tf32_reads_the_float16_grid_points(device, monkeypatch, cost, sp
     # With precision "tf32" the kernel must read the float16 copies xk (scaled by kscale), never
     # x: poisoning x with NaN proves it, and the gradient's point tiles (xk · kscale == x
     # exactly) must still give the gradient of the unpoisoned points.
-    from flashsinkhorn.backends.triton import transport as T
-
-    monkeypatch.setattr(T, "FORCE_SPLIT", split)
-    monkeypatch.setattr(T, "FP16_GRAD", fp16_grad)
+    monkeypatch.setattr(TUNING, "transport_split", split)
+    monkeypatch.setattr(TUNING, "fp16_grad", fp16_grad)
     B, n, m, d, eps = 2, 35, 67, 3, 2.0
     # Spread points: kscale = 8, so a missing dot_scale or point scale cannot go unnoticed.
     p = _problem(B, n, m, d, device, zero_weight=True, precision="tf32", cost=cost, spread=5.0)
@@ -400,10 +395,8 @@ def test_fp16_gradient_dot_error_bound(device, monkeypatch, split):
     # |y_jk| up to the fp32 sums. Against float64 that bound must hold element by element,
     # and a wrong scale (2^15 left in, kscale forgotten) breaks it by orders of magnitude. The
     # row marginal is the fp32 sum, untouched by the rounding.
-    from flashsinkhorn.backends.triton import transport as T
-
-    monkeypatch.setattr(T, "FORCE_SPLIT", split)
-    monkeypatch.setattr(T, "FP16_GRAD", True)
+    monkeypatch.setattr(TUNING, "transport_split", split)
+    monkeypatch.setattr(TUNING, "fp16_grad", True)
     B, n, m, d, eps = 2, 45, 77, 17, 0.5
     p = _problem(B, n, m, d, device, precision="tf32", spread=3.0)
     f, g = _pots(p, 4, eps)

@@ -56,8 +56,8 @@ def select_path(backend: Backend, problem, path: str) -> Backend:
     """Chooses between streaming kernels and a stored Gram matrix for the soft-mins.
 
     "auto" takes the dense path on the Triton backend for fp32 points with d >= 256 when
-    B·n·m fp32 values fit the memory budget (see ``triton/dense.py``); the torch backend always
-    works on materialised row blocks.
+    B·n·m fp32 values fit the memory budget (see ``triton/dense.py``, ``triton/configs.py``); the
+    torch backend always works on materialised row blocks.
     """
     if backend.name != "triton":
         if path == "streaming":
@@ -73,7 +73,8 @@ def select_path(backend: Backend, problem, path: str) -> Backend:
                 "path='streaming' or 'auto' for cost='euclidean' or label_cost"
             )
         return backend
-    from .triton.dense import DENSE_MIN_D, DenseTritonBackend, dense_fits
+    from .triton.configs import DENSE_MIN_D
+    from .triton.dense import DenseTritonBackend, dense_fits
 
     if path == "auto":
         d = problem.X.x.shape[-1]

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from ...tuning import TUNING
 from ..base import Backend
-from . import lse, plan
-
-#: Symmetric steps from an iterate read both soft-mins off one plan sweep (plan.py). Tests and
-#: A/B probes set this to False for the two-sweep online-LSE step.
-USE_PLAN_STEP = True
+from . import plan, softmin
 
 
 class TritonBackend(Backend):
@@ -19,16 +16,18 @@ class TritonBackend(Backend):
     graph_safe = True
 
     def softmin(self, rows, cols, col_pot, eps, old, alpha, beta, want_raw, precision):
-        return lse.softmin(rows, cols, col_pot, eps, old, alpha, beta, want_raw, precision)
+        return softmin.softmin(rows, cols, col_pot, eps, old, alpha, beta, want_raw, precision)
 
     def symmetric_step(
         self, X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, phase="cold"
     ):  # fmt: skip
-        if phase != "cold" and USE_PLAN_STEP and plan.eligible(X, Y) and plan.preferred(X):
+        # TUNING.plan_step: symmetric steps from an iterate read both soft-mins off one plan
+        # sweep (plan.py); False: the two-sweep online-LSE step.
+        if phase != "cold" and TUNING.plan_step and plan.eligible(X, Y) and plan.preferred(X):
             return plan.symmetric_step(
                 X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, phase
             )
-        return lse.symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision)
+        return softmin.symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision)
 
     def transport(self, rows, cols, row_pot, col_pot, eps, V, A, Bw, precision):
         from . import transport

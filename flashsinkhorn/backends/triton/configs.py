@@ -11,8 +11,6 @@ import functools
 import os
 from dataclasses import dataclass
 
-import torch
-
 from ..._triton_launch import cdiv, next_pow2
 
 
@@ -43,18 +41,6 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def interpreter_operand(t: torch.Tensor) -> torch.Tensor:
-    """``t`` itself, or an exact float32 copy of bfloat16 points under the interpreter.
-
-    The interpreter stores bfloat16 tiles as raw uint16 bit patterns and its ``tl.dot`` feeds
-    them to ``np.matmul`` as integers (Triton 3.9: values ~1e9 off, then NaN potentials). The
-    upcast is exact and only happens there; compiled kernels read bfloat16 directly.
-    """
-    if t.dtype == torch.bfloat16 and interpreting():
-        return t.float()
-    return t
-
-
 def lse_config(d: int, half_operands: bool = False) -> LSEConfig:
     """Tile shape for the streaming soft-min kernels at feature size ``d``.
 
@@ -75,14 +61,14 @@ def _lse_config(d: int, half_operands: bool, interp: bool) -> LSEConfig:
     if d <= 32 and half_operands:
         # 64 x 128 tiles, 4 warps: at the batched training shape (64 problems of 1024², d = 3
         # and d = 16) 0.80 ms for 10 symmetric steps against 1.40 ms for 128 x 64 / 8 warps,
-        # best of twelve shapes (bench/results/dev/sym_sweep_small_d_h200.json, entry 13).
+        # best of twelve shapes (bench/results/dev/sym_sweep_small_d_h200.json).
         return LSEConfig(64, 128, max(16, next_pow2(d)), 1, 4, 3)
     if 32 < d <= 128 and half_operands:
         # 256 x 64 tiles, 8 warps (32 rows per warp), the 16-bit row tile (<= 64 KB) on chip:
         # fastest of ten shapes on the H200 at 50k/64 (40.1 ms against 56.4 ms for 128 x 64),
         # 40k/128 (43.4 against 52.1) and within 5% of the best at 10k/64
-        # (bench/results/dev/sym_sweep_h200.json, docs/performance.md entry 12). Not used at
-        # small d, where it was not measured and the batched d = 3 case got slower.
+        # (bench/results/dev/sym_sweep_h200.json, docs/performance.md). Not used at small d,
+        # where it was not measured and the batched d = 3 case got slower.
         return LSEConfig(256, 64, next_pow2(d), 1, 8, 3)
     if d <= 128:
         # The whole row tile stays on chip for the full column sweep. With float16 operands
@@ -110,15 +96,136 @@ def _plan_config(d: int, half_operands: bool, interp: bool) -> LSEConfig:
     base = _lse_config(d, half_operands, interp)
     if interp or not half_operands or not 32 < d <= 128:
         return base
-    # Fastest or within 3 % of it in the sweep of four shapes on the H200
-    # (bench/results/dev/plan_sweep_h200_s17_run2.json, docs/performance.md entry 16):
+    # Fastest or within 3 % of it in a sweep of four shapes on the H200 (docs/performance.md):
     # d <= 64: 128 x 128 / 4 warps (50k: 20.7 ms per 10 steps, against 22.2 for 128 x 64);
     # d <= 128: 256 x 128 / 8 warps (10k: 2.35 ms against 4.0 for 128 x 64; 40k: 22.7 / 22.2).
-    # Session 19 (Nsight Compute, bench/results/dev/ncu_plan_transport_h200_s19.txt; sweep
-    # s19_plan_sweep_regs_h200.json, entry 18): the d <= 64 kernel takes 168 registers, so 3
-    # blocks fit per SM, and its 10k grid was 1.4 waves (one wave: 1.11 -> 0.97 ms per 10
-    # steps); the d <= 128 kernel takes 221 registers, one block per SM, and capped at 128 it
-    # runs 1.57 -> 1.41 ms at 10k and 22.5 -> 19.2 ms at 40k (a cap of 128 at d <= 64 lost 30 %).
+    # Nsight Compute on the H200: the d <= 64 kernel takes 168 registers, so 3 blocks fit per
+    # SM, and its 10k grid was 1.4 waves (one wave: 1.11 -> 0.97 ms per 10 steps); the
+    # d <= 128 kernel takes 221 registers, one block per SM, and capped at 128 it runs
+    # 1.57 -> 1.41 ms at 10k and 22.5 -> 19.2 ms at 40k (a cap of 128 at d <= 64 lost 30 %).
     if d <= 64:
         return LSEConfig(128, 128, base.block_d, 1, 4, 3, blocks_per_sm=3)
     return LSEConfig(256, 128, base.block_d, 1, 8, 3, maxnreg=128)
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    block_m: int
+    block_n: int
+    block_d: int
+    d_tiles: int
+    block_p: int
+    p_tiles: int
+    block_r: int
+    r_tiles: int
+    num_warps: int
+    num_stages: int
+
+
+def _tiles(k: int, cap: int) -> tuple[int, int]:
+    block = min(max(16, next_pow2(max(k, 1))), cap)
+    return block, cdiv(max(k, 1), block)
+
+
+def transport_config(d: int, p: int, r: int) -> TransportConfig:
+    """Tile shape of the transport kernels for feature size d, value width p and Hadamard
+    rank r (0: none).
+
+    Rule-based like :func:`lse_config`: no autotuning, no recompilation for a new n or m. The
+    interpreter gets small tiles so that odd-sized tests cross every edge.
+    """
+    if interpreting():
+        bd, dt = _tiles(d, 64)
+        bp, pt = _tiles(p, 32)
+        br, rt = _tiles(r, 32)
+        return TransportConfig(32, 32, bd, dt, bp, pt, br, rt, 4, 1)
+    bd, dt = _tiles(d, 128 if d <= 128 else 64)
+    # Register accumulator up to 128 value columns; wider V streams through the output.
+    bp, pt = _tiles(p, 128 if p <= 128 else 64)
+    br, rt = _tiles(r, 64)
+    if p == 1 and r == 0 and d <= 128:
+        # One value column (the HVP's P v, Pᵀ u) is a soft-min sweep plus one FMA and a row sum
+        # per score (no second dot): 128 x 64 tiles, 8 warps, as measured for the HVP
+        # (docs/performance.md; the soft-min's 256-row tiles were not tried here).
+        return TransportConfig(128, 64, bd, dt, bp, pt, br, rt, 8, 3)
+    wide = bd > 32 or bp > 32 or dt > 1 or pt > 1
+    return TransportConfig(64, 64, bd, dt, bp, pt, br, rt, 8 if wide else 4, 2)
+
+
+def grad_tiles(d: int) -> tuple[int, int, int, int] | None:
+    """(rows, columns, warps, stages) of the gradient's transport pass for one 16-bit score
+    operand per point, or None for the rule of :func:`transport_config`.
+
+    Measured on the H200 with the float16 P·y dot and the whole-wave split (docs/performance.md):
+    at 32 < d <= 64, 128 x 128 tiles with 4 warps (10k: 0.41 ms, 50k: 3.63 ms, against
+    0.50 / 4.69 for 256 x 64 / 8 warps); at 64 < d <= 128, 128 x 128 with 8 warps (10k: 0.52 ms;
+    64 x 128 / 4 warps is 5 % slower at 10k and 24 % faster at 40k, where the row has its 2x
+    with room). fp32 operand tiles of these sizes would not fit in shared memory.
+    """
+    if 32 < d <= 64:
+        return (128, 128, 4, 3)
+    if 64 < d <= 128:
+        return (128, 128, 8, 2)
+    return None
+
+
+# ----- fixed launch constants of the other kernels -----
+
+#: Rows per program of the soft-min's split merge (softmin._lse_combine_kernel).
+COMBINE_BLOCK = 256
+
+#: Rows per program of the transport's split merge (transport._apply_combine_kernel).
+COMBINE_ROWS = 32
+
+#: Hadamard weight tiles A_I B_Jᵀ of rank blocks narrower than this are formed by the exact fp32
+#: FMA dot: on the H200 (Triton 3.6) tensor-core dots of 16-wide fp32 rank blocks gave wrong
+#: weights or an illegal address in 8-warp launches (bench/results/transport_matrix_h200.json);
+#: 64-wide blocks were right at every precision. At small rank the FMA dot costs little.
+TC_MIN_RANK_BLOCK = 64
+
+#: Row-block groups per SM of the plan step (each holds one row of column partials,
+#: B · groups · m floats). With no more row blocks than that, every block is its own group.
+GROUPS_PER_SM = 4
+
+#: Rows per program of the plan step's bias and finishing kernels, and the partial sums the
+#: finishing kernel adds per load.
+FINISH_BLOCK = 128
+FINISH_PARTS = 16
+
+#: Label tables up to this many classes are staged on chip (tiles.label_tile).
+ONCHIP_MAX_V = 32
+
+#: Dense path: smallest d at which "auto" chooses it, and the largest Gram matrix it allocates.
+DENSE_MIN_D = 256
+DENSE_MAX_BYTES = 4 << 30
+
+#: Dense soft-min tiles (BLOCK_M, BLOCK_N, warps) per orientation (False: rows of K, the x side;
+#: True: its columns). Long contiguous runs along the stored rows of K: 16 x 256 tiles (row
+#: sweeps) and 64 x 256 (column sweeps) read ~2.0 and ~2.4 TB/s on the H100, 128 x 64 only 0.7;
+#: with 16-byte loads (padded rows) the pair averages 2.9 TB/s at 10k and 3.45 TB/s at 20k on
+#: the H200 (docs/performance.md).
+DENSE_SOFTMIN_TILES = {False: (16, 256, 4), True: (64, 256, 8)}
+DENSE_SOFTMIN_STAGES = 3
+
+#: Dense envelope gradient: (BLOCK_M, BLOCK_N, warps) of the row-softmax kernel per orientation,
+#: the fastest of a sweep on the H200 at 10k, d = 512 with blocks of 2^26 scores (0.91 / 0.90 ms
+#: per side against 1.64 / 3.48 ms at the first tiles with 2^24: a 2^24 block had ~100 and ~26
+#: programs for 132 SMs).
+DENSE_SOFTMAX_TILES = {False: (8, 256, 4), True: (16, 256, 4)}
+#: Scores per row block of the dense gradient (the softmax buffer: 256 MiB of fp32).
+DENSE_CHUNK_ELEMENTS = 1 << 26
+
+#: Prepare kernels: rows per program of the statistics and side kernels, and the per-block
+#: partials the reduction reads per load.
+PREPARE_BLOCK = 64
+PREPARE_BLOCK_P = 32
+
+
+def prepare_block_d(d: int) -> int:
+    """Features per chunk of the prepare kernels."""
+    return min(max(16, next_pow2(d)), 64)
+
+
+#: Once-per-solve scalar kernel (sums.py): points per load and features per chunk.
+SUMS_BLOCK = 1024
+SUMS_BLOCK_D = 64

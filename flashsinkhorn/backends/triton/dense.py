@@ -16,23 +16,20 @@ from ..._triton_launch import FP_FUSION, cdiv
 from ...problem import Problem, Side
 from ..torch_ref import matmul_precision
 from . import TritonBackend
-from .dense_grad import CHUNK_ELEMENTS, _k_scores, dense_transport_grad
-from .lse import (
-    _DYNAMIC,
-    _online_lse,
-    _partials,
-    _softmin_epilogue,
-    combine_one_side,
-    plan_split,
+from .configs import (
+    DENSE_CHUNK_ELEMENTS,
+    DENSE_MAX_BYTES,
+    DENSE_SOFTMIN_STAGES,
+    DENSE_SOFTMIN_TILES,
 )
-
-# Smallest d at which the dense path is chosen by "auto", and the largest K it may allocate.
-DENSE_MIN_D = 256
-DENSE_MAX_BYTES = 4 << 30
+from .dense_grad import dense_transport_grad, k_scores
+from .softmin import SOFTMIN_DYNAMIC, combine_one_side, partials
+from .split import plan_split
+from .tiles import SQEUCLIDEAN, online_lse, softmin_epilogue
 
 
 # s_k and s_kb are specialised: always multiples of 16 (K's padded rows), one variant.
-@triton.jit(do_not_specialize=_DYNAMIC)
+@triton.jit(do_not_specialize=SOFTMIN_DYNAMIC)
 def _dense_softmin_kernel(
     K,
     Rsq,
@@ -73,22 +70,24 @@ def _dense_softmin_kernel(
     o_m64 = o_m.to(tl.int64)
     b_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     b_sum = tl.zeros([BLOCK_M], tl.float32)
-    # chunks are a multiple of BLOCK_N wide (lse._chunk)
+    # chunks are a multiple of BLOCK_N wide (split.chunk)
     col_start = tl.multiple_of(i_s * cols_per_split, BLOCK_N)
     col_stop = tl.minimum(col_start + cols_per_split, n_cols)
     for start_n in range(col_start, col_stop, BLOCK_N):
-        b_z, _m_n, _o_n = _k_scores(
+        b_z, _m_n, _o_n = k_scores(
             K, Csq, Clogw, Cpot, i_b, o_m, o_m64, m_m, start_n, n_cols, s_kb, s_k, s_vcb,
             scale2, inv_eps2, BLOCK_N, TRANSPOSED,
         )  # fmt: skip
-        b_max, b_alpha, b_ref = _online_lse(b_max, b_sum, b_z)
+        b_max, b_alpha, b_ref = online_lse(b_max, b_sum, b_z)
         b_sum = b_sum * b_alpha + tl.sum(tl.exp2(b_z - b_ref[:, None]), 1)
     o_vr = i_b * s_vrb + o_m
     if n_split > 1:
         tl.store(Pmax + i_s * s_ps + o_vr, b_max, mask=m_m)
         tl.store(Psum + i_s * s_ps + o_vr, b_sum, mask=m_m)
     else:
-        _softmin_epilogue(b_max, b_sum, Rsq, Rold, Out, Raw, o_vr, m_m, eps, alpha, beta, WRITE_RAW)
+        softmin_epilogue(
+            b_max, b_sum, Rsq, Rold, Out, Raw, o_vr, m_m, eps, alpha, beta, WRITE_RAW, SQEUCLIDEAN
+        )
 
 
 class DenseTritonBackend(TritonBackend):
@@ -100,7 +99,7 @@ class DenseTritonBackend(TritonBackend):
     # the Gram matrix is the backend's own tensor, not part of the cache key
     graph_safe = False
     #: fp32 scores per row block of the envelope gradient's softmax buffer
-    chunk_elements = CHUNK_ELEMENTS
+    chunk_elements = DENSE_CHUNK_ELEMENTS
 
     def __init__(self, problem: Problem):
         X, Y = problem.X, problem.Y
@@ -122,16 +121,12 @@ class DenseTritonBackend(TritonBackend):
         K = self.gram
         B, n = rows.sq.shape
         m = cols.sq.shape[1]
-        # Long contiguous runs along the stored rows of K: 16 x 256 tiles (row sweeps) and
-        # 64 x 256 (column sweeps) read ~2.0 and ~2.4 TB/s on the H100, 128 x 64 only 0.7;
-        # with 16-byte loads (padded rows) the pair averages 2.9 TB/s at 10k and 3.45 TB/s at
-        # 20k on the H200 (docs/performance.md, entry 22).
-        block_m, block_n, warps = (64, 256, 8) if transposed else (16, 256, 4)
+        block_m, block_n, warps = DENSE_SOFTMIN_TILES[transposed]
         out = torch.empty_like(rows.sq)
         raw = torch.empty_like(rows.sq) if want_raw else out
         n_blocks = cdiv(n, block_m)
         split, cps = plan_split(n_blocks * B, m, block_n, rows.sq.device)
-        pmax, psum = _partials(split, rows.sq)
+        pmax, psum = partials(split, rows.sq)
         _dense_softmin_kernel[(n_blocks, B, split)](
             K,
             rows.sq,
@@ -160,7 +155,7 @@ class DenseTritonBackend(TritonBackend):
             TRANSPOSED=transposed,
             WRITE_RAW=want_raw,
             num_warps=warps,
-            num_stages=3,
+            num_stages=DENSE_SOFTMIN_STAGES,
             **FP_FUSION,
         )
         if split > 1:
@@ -172,7 +167,7 @@ class DenseTritonBackend(TritonBackend):
     ):  # fmt: skip
         # Two launches over K (plus merges). One sweep forming both soft-mins per tile reads K
         # half as often but ran 1.1-1.7x slower on the H200: the per-tile column reductions
-        # cross warps through shared memory (docs/performance.md, entry 22).
+        # cross warps through shared memory (docs/performance.md).
         f_new, tf = self.softmin(X, Y, g, eps, f, alpha, beta_x, want_raw, precision)
         g_new, tg = self.softmin(Y, X, f, eps, g, alpha, beta_y, want_raw, precision)
         return f_new, g_new, tf, tg
@@ -181,8 +176,7 @@ class DenseTritonBackend(TritonBackend):
         """Envelope gradient from the stored Gram matrix: one kernel writes each row block of
         the plan's row softmax from K, cuBLAS multiplies it by the points (dense_grad.py). The
         streaming kernel recomputes x·yᵀ, and at 10k, d = 512 took ≈ 9 ms of a 12.9 ms
-        fwd+bwd (docs/performance.md, after entry 22). Same contract as
-        Backend.transport_grad."""
+        fwd+bwd (docs/performance.md). Same contract as Backend.transport_grad."""
         if rows.x is self._x and cols.x is self._y:
             transposed = False
         elif rows.x is self._y and cols.x is self._x:

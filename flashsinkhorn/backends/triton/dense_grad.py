@@ -1,10 +1,10 @@
 """Envelope gradient of a dense solve: the plan's row softmax from the stored Gram matrix.
 
 For the squared Euclidean cost the gradient with respect to the row points is
-2 â_i (r_i − Σ_j S_ij c_j) with S the row softmax of the scores z_ij (torch_transport). Here a
+2 â_i (r_i − Σ_j S_ij c_j) with S the row softmax of the scores z_ij (torch_ref). Here a
 row block of S is written by one kernel that reads its strip of K twice (online LSE, then
 exp2(z − LSE)), and S c is one cuBLAS product: three passes over the block's n·m values where
-the eager torch chain made about seven (docs/performance.md, H200 section after entry 22).
+the eager torch chain made about seven (docs/performance.md, H200 section).
 """
 
 from __future__ import annotations
@@ -16,15 +16,8 @@ import triton.language as tl
 from ..._triton_launch import FP_FUSION, cdiv
 from ...problem import Side
 from ..torch_ref import matmul_precision, row_chunks
-from .lse import _online_lse
-
-# (BLOCK_M, BLOCK_N, warps) per orientation (False: x side, K's rows; True: y side, columns):
-# the fastest of bench/dev/dense_grad_probe.py on the H200 at 10k, d = 512 with blocks of 2^26
-# scores (bench/results/dev/s23g; 0.91 / 0.90 ms per side against 1.64 / 3.48 ms at the first
-# tiles with 2^24: a 2^24 block had ~100 and ~26 programs for 132 SMs).
-SOFTMAX_TILES = {False: (8, 256, 4), True: (16, 256, 4)}
-#: Scores per row block (the S buffer: 256 MiB of fp32).
-CHUNK_ELEMENTS = 1 << 26
+from .configs import DENSE_SOFTMAX_TILES
+from .tiles import online_lse
 
 
 # Row strides and sizes vary per call; K's stride is a multiple of 16 (padded rows).
@@ -63,11 +56,11 @@ def _dense_softmax_fwd_kernel(
     b_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     b_sum = tl.zeros([BLOCK_M], tl.float32)
     for start_n in range(0, n_cols, BLOCK_N):
-        b_z, m_n, o_n = _k_scores(
+        b_z, m_n, o_n = k_scores(
             K, Csq, Clogw, Cpot, i_b, o_m, o_m64, m_m, start_n, n_cols, s_kb, s_k, s_vcb,
             scale2, inv_eps2, BLOCK_N, TRANSPOSED,
         )  # fmt: skip
-        b_max, b_alpha, b_ref = _online_lse(b_max, b_sum, b_z)
+        b_max, b_alpha, b_ref = online_lse(b_max, b_sum, b_z)
         b_sum = b_sum * b_alpha + tl.sum(tl.exp2(b_z - b_ref[:, None]), 1)
     # A row with no reachable column (every weight zero) has LSE −inf and an all-zero S row.
     b_lse = b_max + tl.log2(b_sum)
@@ -75,7 +68,7 @@ def _dense_softmax_fwd_kernel(
     tl.store(Lse + i_b * s_lb + o_r, b_lse * 0.6931471805599453, mask=m_m)
     o_r64 = o_r.to(tl.int64)
     for start_n in range(0, n_cols, BLOCK_N):
-        b_z, m_n, o_n = _k_scores(
+        b_z, m_n, o_n = k_scores(
             K, Csq, Clogw, Cpot, i_b, o_m, o_m64, m_m, start_n, n_cols, s_kb, s_k, s_vcb,
             scale2, inv_eps2, BLOCK_N, TRANSPOSED,
         )  # fmt: skip
@@ -84,7 +77,7 @@ def _dense_softmax_fwd_kernel(
 
 
 @triton.jit
-def _k_scores(
+def k_scores(
     K, Csq, Clogw, Cpot, i_b, o_m, o_m64, m_m, start_n, n_cols, s_kb, s_k, s_vcb,
     scale2, inv_eps2, BLOCK_N: tl.constexpr, TRANSPOSED: tl.constexpr,
 ):  # fmt: skip
@@ -140,7 +133,7 @@ def dense_transport_grad(
     marg = torch.empty_like(rows.sq)
     yc = cols.x.to(dtype)
     col_pot = col_pot.to(dtype).contiguous()
-    block_m, block_n, warps = SOFTMAX_TILES[transposed]
+    block_m, block_n, warps = DENSE_SOFTMAX_TILES[transposed]
     for sl in row_chunks(B, n, m, chunk_elements):
         r = sl.stop - sl.start
         soft = torch.empty((B, r, m), dtype=dtype, device=rows.x.device)
@@ -172,6 +165,6 @@ def dense_transport_grad(
         marg[:, sl] = torch.nan_to_num(torch.exp(h + lse), nan=0.0)
         with matmul_precision(precision, rows.x.device):
             bary = torch.bmm(soft, yc)
-        # â_i (r_i − Σ_j S_ij c_j): the difference at the scale of the points (torch_transport)
+        # â_i (r_i − Σ_j S_ij c_j): the difference at the scale of the points (torch_ref)
         grad[:, sl] = 2.0 * marg[:, sl, None] * (rows.x[:, sl].to(dtype) - bary)
     return grad, marg

@@ -21,8 +21,12 @@ import triton.language as tl
 
 from ..._triton_launch import FP_FUSION, cdiv, launch, precompile_once
 from ...problem import Side
-from . import lse, sums
-from .configs import interpreting, plan_config
+from ..kernel_costs import cost_id
+from . import softmin, sums
+from .configs import FINISH_BLOCK, FINISH_PARTS, GROUPS_PER_SM, interpreting, plan_config
+from .operands import is_half, operands
+from .split import chunk, sm_count, split_for
+from .tiles import SQEUCLIDEAN, col_bias, cost_scores, load_parts, score_tile, softmin_epilogue
 
 _DYNAMIC = [
     "n_x",
@@ -56,7 +60,7 @@ def _plan_rows(
     n_x, n_y, d, cols_per_split, s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs,
     scale2, inv_eps2, dot_scale, sq_floor,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    D_TILES: tl.constexpr, PRECISION: tl.constexpr, EUCLID: tl.constexpr, EVEN_D: tl.constexpr,
+    D_TILES: tl.constexpr, PRECISION: tl.constexpr, COST: tl.constexpr, EVEN_D: tl.constexpr,
     ACCUM: tl.constexpr,
 ):  # fmt: skip
     # One x-row block against one column chunk: its row sums to Prow, its column sums added to
@@ -71,12 +75,12 @@ def _plan_rows(
     b_r = tl.zeros([BLOCK_M, BLOCK_D], X.dtype.element_ty)  # placeholder when D_TILES > 1
     b_rl = b_r
     if D_TILES == 1:
-        b_r, b_rl = lse._load_parts(p_r, m_m[:, None] & m_dd[None, :], d, PRECISION)
+        b_r, b_rl = load_parts(p_r, m_m[:, None] & m_dd[None, :], d, PRECISION)
     # Biases of the plan's exponent (u: rows, v: columns), formed once per step by
     # _plan_bias_kernel: one load per column instead of three and their arithmetic.
     b_u = tl.load(U + i_b64 * n_x + o_m, mask=m_m, other=float("-inf"))
     b_rsq = tl.zeros([BLOCK_M], tl.float32)
-    if EUCLID:
+    if COST != SQEUCLIDEAN:
         b_rsq = tl.load(Xsq + i_b64 * s_fb + o_m, mask=m_m, other=0.0)
     b_sum = tl.zeros([BLOCK_M], tl.float32)
     col_start = i_s * cols_per_split
@@ -91,28 +95,16 @@ def _plan_rows(
         if ACCUM:
             m_old = m_n & ((tl.zeros([BLOCK_N], tl.int32) + i_m) != i_first)
             b_old = tl.load(p_col + o_n, mask=m_old, other=0.0)
-        b_s, _ = lse._score_tile(
-            p_r,
-            p_c,
-            m_m,
-            m_n,
-            m_dd,
-            b_r,
-            b_rl,
-            o_d,
-            d,
-            BLOCK_M,
-            BLOCK_N,
-            BLOCK_D,
-            D_TILES,
-            PRECISION,
-        )
+        b_s, _ = score_tile(
+            p_r, p_c, m_m, m_n, m_dd, b_r, b_rl, o_d, d,
+            BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION,
+        )  # fmt: skip
         b_v = tl.load(V + i_b64 * n_y + o_n, mask=m_n, other=float("-inf"))
         b_csq = b_v
-        if EUCLID:
+        if COST != SQEUCLIDEAN:
             b_csq = tl.load(Ysq + i_b64 * s_gb + o_n, mask=m_n, other=0.0)
-        b_z, _ = lse._cost_scores(
-            b_s, b_v, b_rsq, b_csq, b_s, scale2, inv_eps2, dot_scale, sq_floor, EUCLID, 0
+        b_z, _ = cost_scores(
+            b_s, b_v, b_rsq, b_csq, b_s, scale2, inv_eps2, dot_scale, sq_floor, COST, 0
         )
         # Masked rows and columns carry a -inf bias: their plan entries are exactly 0.
         b_p = tl.exp2(b_z + b_u[:, None])
@@ -131,7 +123,7 @@ def _plan_fwd_kernel(
     s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs, s_pcb,
     eps, dot_scale, sq_floor,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    D_TILES: tl.constexpr, PRECISION: tl.constexpr, EUCLID: tl.constexpr, EVEN_D: tl.constexpr,
+    D_TILES: tl.constexpr, PRECISION: tl.constexpr, COST: tl.constexpr, EVEN_D: tl.constexpr,
     GROUPED: tl.constexpr,
 ):  # fmt: skip
     # Program (i_g, i_b, i_s) sweeps column chunk i_s for the x-row blocks i_g, i_g + n_groups,
@@ -157,16 +149,16 @@ def _plan_fwd_kernel(
                 X, Y, Xsq, Ysq, U, V, Prow, p_col, i_b64, i_m, i_s, i_g,
                 n_x, n_y, d, cols_per_split, s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs,
                 scale2, inv_eps2, dot_scale, sq_floor,
-                BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, EUCLID, EVEN_D, True,
+                BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, COST, EVEN_D, True,
             )  # fmt: skip
     else:
         # One row block per group: the loop nest and the running sums cost ~10 % at 50k
-        # (bench/results/dev/plan_sweep_h200_s17_groups2.json).
+        # (docs/performance.md).
         _plan_rows(
             X, Y, Xsq, Ysq, U, V, Prow, p_col, i_b64, i_g, i_s, i_g,
             n_x, n_y, d, cols_per_split, s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs,
             scale2, inv_eps2, dot_scale, sq_floor,
-            BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, EUCLID, EVEN_D, False,
+            BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, COST, EVEN_D, False,
         )  # fmt: skip
 
 
@@ -174,7 +166,7 @@ def _plan_fwd_kernel(
 def _plan_finish_rows(
     P, Sq, Bias, Pot, Out, Raw, Flag, i_b, i_m, n_rows, n_parts, s_part, s_pb, s_vb,
     eps, alpha, beta, shift2, BLOCK: tl.constexpr, PARTS: tl.constexpr,
-    WRITE_RAW: tl.constexpr, EUCLID: tl.constexpr,
+    WRITE_RAW: tl.constexpr, COST: tl.constexpr,
 ):  # fmt: skip
     # Adds the partial sums of one side, checks their range and applies the soft-min epilogue
     # with log2 Σ exp2(z) = log2(sum) − u + shift2 (u: this side's bias in the plan's exponent;
@@ -197,8 +189,8 @@ def _plan_finish_rows(
     b_ok = (b_sum >= 5.421010862427522e-20) & (b_sum <= 3.0e38)  # 2^-64; NaN fails both
     b_bad = tl.max((m_m & (b_ok == 0)).to(tl.int32), 0)
     tl.store(Flag, 1.0, mask=b_bad > 0)
-    lse._softmin_epilogue_cost(
-        shift2 - b_u, b_sum, Sq, Pot, Out, Raw, o_vr, m_m, eps, alpha, beta, WRITE_RAW, EUCLID
+    softmin_epilogue(
+        shift2 - b_u, b_sum, Sq, Pot, Out, Raw, o_vr, m_m, eps, alpha, beta, WRITE_RAW, COST
     )
 
 
@@ -207,7 +199,7 @@ def _plan_finish_kernel(
     Prow, Pcol, Xsq, Ysq, U, V, F, G, Fout, Gout, Fraw, Graw, Flag, Shift,
     n_x, n_y, n_cb_x, n_parts_x, n_parts_y, s_fb, s_gb, s_prs, s_pcb, has_shift,
     eps, alpha, beta_x, beta_y,
-    BLOCK: tl.constexpr, PARTS: tl.constexpr, WRITE_RAW: tl.constexpr, EUCLID: tl.constexpr,
+    BLOCK: tl.constexpr, PARTS: tl.constexpr, WRITE_RAW: tl.constexpr, COST: tl.constexpr,
 ):  # fmt: skip
     i_m = tl.program_id(0)
     i_b = tl.program_id(1)
@@ -215,7 +207,7 @@ def _plan_finish_kernel(
         # f side: the row sums of the column chunks, [chunks, B, n]; u holds the shift.
         _plan_finish_rows(
             Prow, Xsq, U, F, Fout, Fraw, Flag, i_b, i_m, n_x, n_parts_x, s_prs, n_x, s_fb,
-            eps, alpha, beta_x, 0.0, BLOCK, PARTS, WRITE_RAW, EUCLID,
+            eps, alpha, beta_x, 0.0, BLOCK, PARTS, WRITE_RAW, COST,
         )  # fmt: skip
     else:
         # g side: the column sums of every row-block group, [B, groups, m]; v does not hold the
@@ -225,27 +217,27 @@ def _plan_finish_kernel(
             shift2 = tl.load(Shift + i_b) * (1.4426950408889634 / eps)
         _plan_finish_rows(
             Pcol, Ysq, V, G, Gout, Graw, Flag, i_b, i_m - n_cb_x, n_y, n_parts_y, n_y,
-            s_pcb, s_gb, eps, alpha, beta_y, shift2, BLOCK, PARTS, WRITE_RAW, EUCLID,
+            s_pcb, s_gb, eps, alpha, beta_y, shift2, BLOCK, PARTS, WRITE_RAW, COST,
         )  # fmt: skip
 
 
 @triton.jit
 def _bias_rows(Pot, Sq, Logw, Out, i_b, i_m, n_rows, s_vb, eps, shift2, BLOCK: tl.constexpr,
-               EUCLID: tl.constexpr):  # fmt: skip
+               COST: tl.constexpr):  # fmt: skip
     o_m = i_m * BLOCK + tl.arange(0, BLOCK)
     m_m = o_m < n_rows
     i_b64 = i_b.to(tl.int64)
-    b_h, _ = lse._col_bias(Pot, Sq, Logw, i_b64 * s_vb + o_m, m_m, 1.4426950408889634 / eps, EUCLID)
+    b_h, _ = col_bias(Pot, Sq, Logw, i_b64 * s_vb + o_m, m_m, 1.4426950408889634 / eps, COST)
     tl.store(Out + i_b64 * n_rows + o_m, b_h - shift2, mask=m_m)
 
 
 @triton.jit(do_not_specialize=_DYNAMIC)
 def _plan_bias_kernel(
     Xsq, Ysq, Xlogw, Ylogw, F, G, U, V, Shift, n_x, n_y, n_cb_x, s_fb, s_gb, has_shift, eps,
-    BLOCK: tl.constexpr, EUCLID: tl.constexpr,
+    BLOCK: tl.constexpr, COST: tl.constexpr,
 ):  # fmt: skip
     # u_i and v_j of the plan's exponent, (B, n) and (B, m): each is the column bias of the
-    # soft-min sweep over that side (lse._col_bias). The plan's shift sigma (one per problem)
+    # soft-min sweep over that side (tiles.col_bias). The plan's shift sigma (one per problem)
     # goes into u only.
     i_m = tl.program_id(0)
     i_b = tl.program_id(1)
@@ -253,29 +245,9 @@ def _plan_bias_kernel(
         shift2 = 0.0
         if has_shift != 0:
             shift2 = tl.load(Shift + i_b) * (1.4426950408889634 / eps)
-        _bias_rows(F, Xsq, Xlogw, U, i_b, i_m, n_x, s_fb, eps, shift2, BLOCK, EUCLID)
+        _bias_rows(F, Xsq, Xlogw, U, i_b, i_m, n_x, s_fb, eps, shift2, BLOCK, COST)
     else:
-        _bias_rows(G, Ysq, Ylogw, V, i_b, i_m - n_cb_x, n_y, s_gb, eps, 0.0, BLOCK, EUCLID)
-
-
-#: Row-block groups per SM (each holds one row of column partials, B · groups · m floats).
-#: With no more row blocks than that, every block is its own group (GROUPED=False).
-GROUPS_PER_SM = 4
-
-_FINISH_BLOCK = 128
-_FINISH_PARTS = 16
-
-
-def split_for(n_programs: int, n_cols: int, cfg, device) -> int:
-    """Column chunks per row-block group. Where the config knows how many of its blocks fit on
-    an SM, as many chunks as fill one wave of the GPU, when that is at least two (10k, d = 64:
-    5 chunks, 395 blocks for 396 slots, instead of 7 chunks in 1.4 waves); otherwise, and for
-    grids already past a wave, the soft-min's rule (about four programs per SM)."""
-    if cfg.blocks_per_sm is not None and lse.FORCE_SPLIT is None and device.type == "cuda":
-        per_wave = cfg.blocks_per_sm * lse._sm_count(device) // n_programs
-        if per_wave >= 2:
-            return min(per_wave, cdiv(n_cols, cfg.block_n))
-    return lse.split_count(n_programs, n_cols, cfg.block_n, device)
+        _bias_rows(G, Ysq, Ylogw, V, i_b, i_m - n_cb_x, n_y, s_gb, eps, 0.0, BLOCK, COST)
 
 
 def eligible(X: Side, Y: Side) -> bool:
@@ -289,7 +261,7 @@ def preferred(X: Side) -> bool:
 
     At d <= 32 the x·yᵀ tile is cheap and the per-tile column reduction dominates: the batched
     training shape (64 problems of 1024², d = 3) took 1.3 ms per 10 plan steps against 0.79 ms
-    for the two sweeps (bench/results/dev/plan_sweep_h200_s17.json). The interpreter always
+    for the two sweeps on the H200 (docs/performance.md). The interpreter always
     takes it, so that CI covers it at small sizes.
     """
     return X.x.shape[-1] > 32 or interpreting()
@@ -330,8 +302,7 @@ def phase_shift(X: Side, Y: Side, f, g, eps: float, phase: str) -> torch.Tensor 
         lam = 0.5 * (X.damping(eps) + Y.damping(eps))
         return sums.second_shift(X, Y, f, g, 1.0 - 0.5 / lam, -(22.0 + ln_n) * eps)
     # The weighted means come from prepare's statistics: no pass over the points and no
-    # n × d temporary (which set the peak memory of a fwd+bwd call, docs/performance.md
-    # entry 20). They are those of the points before the float16 rounding; the difference
+    # n × d temporary (which set the peak memory of a fwd+bwd call, docs/performance.md). They are those of the points before the float16 rounding; the difference
     # moves the estimate by far less than eps.
     return sums.zero_shift(X, Y, (34.0 - ln_n) * eps)
 
@@ -339,13 +310,13 @@ def phase_shift(X: Side, Y: Side, f, g, eps: float, phase: str) -> torch.Tensor 
 def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, phase="iterate"):
     """Both half-steps of a symmetric iteration from one plan sweep, redone by the guarded
     online-LSE step when the plan's sums leave the trusted range. Same contract as
-    :func:`lse.symmetric_step`; ``phase`` (one of :data:`PHASES`) sets the plan's shift
+    :func:`softmin.symmetric_step`; ``phase`` (one of :data:`PHASES`) sets the plan's shift
     (:func:`phase_shift`). The first call of a kind compiles its five kernels in parallel."""
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
     args = (X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, phase)
     # A kernel outside this key (the grouped sweep past 4 row blocks per SM) compiles on its
-    # first launch, as every kernel did before.
+    # first launch.
     key = ("plan", X.x.device, X.x.shape[-1], X.x.dtype, precision, X.cost, want_raw)
     precompile_once(key, _symmetric_step, *args)
     return _symmetric_step(*args)
@@ -355,32 +326,32 @@ def _symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision,
     B, n, d = X.x.shape
     m = Y.x.shape[1]
     shift = phase_shift(X, Y, f, g, eps, phase)
-    xx, xy, dot_scale, prec = lse.operands(X, Y, precision)
-    cfg = plan_config(d, lse._half(xx, prec))
-    out = lse.step_outputs(f, g, want_raw)
+    xx, xy, dot_scale, prec = operands(X, Y, precision)
+    cfg = plan_config(d, is_half(xx, prec))
+    out = softmin.step_outputs(f, g, want_raw)
     f_new, g_new, f_raw, g_raw = out
     nbx = cdiv(n, cfg.block_m)
     # Row-block groups: at most GROUPS_PER_SM per SM per problem (each group owns one row of
     # column partials), the columns split as for the soft-min so that the grid fills the GPU.
-    groups = min(nbx, GROUPS_PER_SM * lse._sm_count(X.x.device))
+    groups = min(nbx, GROUPS_PER_SM * sm_count(X.x.device))
     grouped = groups < nbx
     split = split_for(groups * B, m, cfg, X.x.device)
-    cps = lse._chunk(m, split, cfg.block_n)
+    cps = chunk(m, split, cfg.block_n)
     split = cdiv(m, cps)
     prow = torch.empty((split,) + tuple(f.shape), dtype=torch.float32, device=f.device)
     pcol = torch.empty((B, groups, m), dtype=torch.float32, device=f.device)
     flag = torch.empty(1, dtype=torch.float32, device=f.device)
-    euclid = X.cost == "euclidean"
+    cost = cost_id(X.cost)
     u = torch.empty((B, n), dtype=torch.float32, device=f.device)
     v = torch.empty((B, m), dtype=torch.float32, device=f.device)
-    ncx = cdiv(n, _FINISH_BLOCK)
-    grid = (ncx + cdiv(m, _FINISH_BLOCK), B)
+    ncx = cdiv(n, FINISH_BLOCK)
+    grid = (ncx + cdiv(m, FINISH_BLOCK), B)
     has_shift = shift is not None
     shift = shift.contiguous() if has_shift else flag
     launch(_plan_bias_kernel, grid,
         X.sq, Y.sq, X.logw, Y.logw, f, g, u, v, shift, n, m, ncx, f.stride(0), g.stride(0),
         int(has_shift), float(eps),
-        BLOCK=_FINISH_BLOCK, EUCLID=euclid, **FP_FUSION,
+        BLOCK=FINISH_BLOCK, COST=cost, **FP_FUSION,
     )  # fmt: skip
     launch(_plan_fwd_kernel, (groups, B, split),
         xx, xy, X.sq, Y.sq, u, v, prow, pcol, flag,
@@ -388,7 +359,7 @@ def _symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision,
         xx.stride(0), xx.stride(1), xy.stride(0), xy.stride(1), f.stride(0), g.stride(0),
         f.numel(), groups * m, float(eps), float(dot_scale), float(X.sq_floor),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
-        PRECISION=prec, EUCLID=euclid, EVEN_D=d == cfg.block_d and cfg.d_tiles == 1,
+        PRECISION=prec, COST=cost, EVEN_D=d == cfg.block_d and cfg.d_tiles == 1,
         GROUPED=grouped,
         **cfg.launch_options(), **FP_FUSION,
     )  # fmt: skip
@@ -396,9 +367,9 @@ def _symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision,
         prow, pcol, X.sq, Y.sq, u, v, f, g, f_new, g_new, f_raw, g_raw, flag, shift,
         n, m, ncx, split, groups, f.stride(0), g.stride(0), f.numel(), groups * m, int(has_shift),
         float(eps), float(alpha), float(beta_x), float(beta_y),
-        BLOCK=_FINISH_BLOCK, PARTS=_FINISH_PARTS, WRITE_RAW=want_raw, EUCLID=euclid, **FP_FUSION,
+        BLOCK=FINISH_BLOCK, PARTS=FINISH_PARTS, WRITE_RAW=want_raw, COST=cost, **FP_FUSION,
     )  # fmt: skip
     # Runs (and overwrites the outputs) only where the flag was raised.
-    return lse.symmetric_step(
+    return softmin.symmetric_step(
         X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, out=out, guard=flag
     )

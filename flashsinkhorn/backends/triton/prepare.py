@@ -31,20 +31,15 @@ import triton
 import triton.language as tl
 
 from ..._cuda_graph import GraphCache, tensor_key
-from ..._triton_launch import FP_FUSION, cdiv, launch, next_pow2, precompile_once
+from ..._triton_launch import FP_FUSION, cdiv, launch, precompile_once
+from ...tuning import TUNING
+from .configs import PREPARE_BLOCK, PREPARE_BLOCK_P, prepare_block_d
 
 #: Precision codes of the side kernel: exact points, the float16 grid, float16 hi/lo parts.
 _PRECISIONS = {"ieee": 0, "tf32": 1, "tf32x3": 2}
 #: Values per problem in the statistics vector (see ``stats``; _prepare_reduce_kernel writes
 #: exactly these nine, in that order).
 N_STATS = 9
-
-_BLOCK = 64
-_BLOCK_P = 32
-
-
-def _block_d(d: int) -> int:
-    return min(max(16, next_pow2(d)), 64)
 
 
 @triton.jit
@@ -286,7 +281,7 @@ def stats(X: torch.Tensor, Y: torch.Tensor, a, b, outs: dict) -> tuple[torch.Ten
     B, n, d = X.shape
     m = Y.shape[1]
     dev = X.device
-    n_bx, n_by = cdiv(n, _BLOCK), cdiv(m, _BLOCK)
+    n_bx, n_by = cdiv(n, PREPARE_BLOCK), cdiv(m, PREPARE_BLOCK)
     n_prog = n_bx + n_by
     f32 = torch.float32
     part, ps, st = _carve(dev, [((3, B, n_prog, d), f32), ((B, n_prog, 4), f32),
@@ -294,17 +289,17 @@ def stats(X: torch.Tensor, Y: torch.Tensor, a, b, outs: dict) -> tuple[torch.Ten
     centre, means = outs["centre"], outs["means"]
     wa, s_ab, s_an = _weight_args(a)
     wb, s_bb, s_bn = _weight_args(b)
-    bd = _block_d(d)
+    bd = prepare_block_d(d)
     launch(_prepare_stats_kernel, (n_prog, B),
         X, Y, wa if wa is not None else ps, wb if wb is not None else ps,
         part[0], part[1], part[2], ps, n, m, d, n_bx, n_prog,
         X.stride(0), X.stride(1), X.stride(2), Y.stride(0), Y.stride(1), Y.stride(2),
         s_ab, s_an, s_bb, s_bn, 1.0 / n, 1.0 / m,
-        BLOCK=_BLOCK, BLOCK_D=bd, HAS_A=wa is not None, HAS_B=wb is not None, **FP_FUSION,
+        BLOCK=PREPARE_BLOCK, BLOCK_D=bd, HAS_A=wa is not None, HAS_B=wb is not None, **FP_FUSION,
     )  # fmt: skip
     launch(_prepare_reduce_kernel, (B,),
         part[0], part[1], part[2], ps, centre, means, st, d, n_bx, n_prog, means.stride(0),
-        BLOCK_P=_BLOCK_P, BLOCK_D=bd, N_ST=N_STATS, **FP_FUSION,
+        BLOCK_P=PREPARE_BLOCK_P, BLOCK_D=bd, N_ST=N_STATS, **FP_FUSION,
     )  # fmt: skip
     return centre, st
 
@@ -385,7 +380,7 @@ def sides(X, Y, a, b, centre, precision: str, scale: float, outs: dict) -> tuple
     write_a, write_b = ox["write_w"], oy["write_w"]
     wa, s_ab, s_an = _weight_args(a)
     wb, s_bb, s_bn = _weight_args(b)
-    n_bx, n_by = cdiv(n, _BLOCK), cdiv(m, _BLOCK)
+    n_bx, n_by = cdiv(n, PREPARE_BLOCK), cdiv(m, PREPARE_BLOCK)
     dummy = ox["sq"]
     launch(_prepare_side_kernel, (n_bx + n_by, B),
         X, Y, wa if wa is not None else dummy, wb if wb is not None else dummy, centre,
@@ -394,22 +389,21 @@ def sides(X, Y, a, b, centre, precision: str, scale: float, outs: dict) -> tuple
         X.stride(0), X.stride(1), X.stride(2), Y.stride(0), Y.stride(1), Y.stride(2),
         s_ab, s_an, s_bb, s_bn, float(scale), 1.0 / float(scale), 1.0 / n, 1.0 / m,
         _log_inv(n), _log_inv(m),
-        BLOCK=_BLOCK, BLOCK_D=_block_d(d), PRECISION=prec, HAS_A=wa is not None,
+        BLOCK=PREPARE_BLOCK, BLOCK_D=prepare_block_d(d), PRECISION=prec, HAS_A=wa is not None,
         HAS_B=wb is not None, WRITE_A=write_a, WRITE_B=write_b, **FP_FUSION,
     )  # fmt: skip
     return ox, oy
 
 
-#: Replay the launches of :func:`stats` and :func:`sides` from CUDA graphs once a call pattern
-#: (the addresses, shapes, strides and dtypes of the clouds, weights and outputs, and the
-#: operand scale) repeats: one graph launch instead of ~30 µs of Triton launcher work each
-#: (docs/performance.md, entry 19). False: always launch from Python.
-USE_GRAPHS = True
+# TUNING.prepare_graphs: replay the launches of :func:`stats` and :func:`sides` from CUDA graphs
+# once a call pattern (the addresses, shapes, strides and dtypes of the clouds, weights and
+# outputs, and the operand scale) repeats: one graph launch instead of ~30 µs of Triton
+# launcher work each (docs/performance.md). False: always launch from Python.
 _GRAPHS = GraphCache(32)
 
 
 def _graphed(X) -> bool:
-    return USE_GRAPHS and X.is_cuda and not torch.cuda.is_current_stream_capturing()
+    return TUNING.prepare_graphs and X.is_cuda and not torch.cuda.is_current_stream_capturing()
 
 
 def run_stats(X, Y, a, b, outs: dict) -> tuple[torch.Tensor, torch.Tensor]:

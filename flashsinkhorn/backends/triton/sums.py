@@ -3,7 +3,7 @@
 The plan step's shifts for its "zero" and "second" phases (plan.phase_shift) and the dual value
 of the returned potentials (solvers/objective.dual_value) are a few weighted sums over the
 points of each problem followed by scalar arithmetic. In torch that is 10-15 small kernels
-each, about 25 µs of GPU time apiece at n = m = 10⁴ (docs/performance.md entry 20): more than
+each, about 25 µs of GPU time apiece at n = m = 10⁴ (docs/performance.md): more than
 a tenth of one plan sweep. Here one program per problem streams both sides once and writes
 the scalar.
 
@@ -14,7 +14,7 @@ rho does not cancel s0 − s2 in float32. Zero-weight points contribute nothing,
 value. Then, per ``mode``:
 
 * ``MODE_ZERO``: −Ĉ + c, the mean cost Ĉ = s1x/s0x + s1y/s0y − 2 x̄·ȳ (p = the squared norms,
-  x̄, ȳ the weighted means of the centred points; its square root for the euclidean cost);
+  x̄, ȳ the weighted means of the centred points; ``tiles.mean_cost`` of it for other costs);
 * ``MODE_SECOND``: k (s1x/s0x + s1y/s0y) + c (p = the potentials);
 * ``MODE_VALUE``: φx + φy − eps (mass(P) − s0x s0y) with φ = s1 for a hard marginal and
   rho s3 for a KL one, and mass(P) = s0 of a hard side, else (s2x + s2y) / 2.
@@ -28,10 +28,11 @@ import triton.language as tl
 
 from ..._triton_launch import FP_FUSION, launch
 from ...problem import Problem, Side, side_mean
+from ..kernel_costs import cost_id
+from .configs import SUMS_BLOCK, SUMS_BLOCK_D
+from .tiles import mean_cost
 
 MODE_ZERO, MODE_SECOND, MODE_VALUE = 0, 1, 2
-_BLOCK = 1024
-_BLOCK_D = 64
 
 
 @triton.jit
@@ -75,10 +76,10 @@ def _side_sums(W, P, i_b64, n, s_wb, s_pb, inv_rho, KL, BLOCK: tl.constexpr):
 # Every integer argument unspecialised (Triton would otherwise compile separate kernels for the
 # values 1 and multiples of 16): one compiled kernel, built with the plan step's kernels.
 @triton.jit(do_not_specialize=["n", "m", "d", "s_wxb", "s_pxb", "s_wyb", "s_pyb", "mode", "kl_x",
-                               "kl_y", "euclid"])  # fmt: skip
+                               "kl_y", "cost"])  # fmt: skip
 def _solve_scalar_kernel(
     Wx, Px, Wy, Py, Mx, My, Out, n, m, d, s_wxb, s_pxb, s_wyb, s_pyb,
-    mode, kl_x, kl_y, inv_rho_x, inv_rho_y, rho_x, rho_y, euclid, k, c, eps,
+    mode, kl_x, kl_y, inv_rho_x, inv_rho_y, rho_x, rho_y, cost, k, c, eps,
     BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     # One program per problem; mode, cost and marginal kinds are run-time values, so that a
@@ -95,8 +96,7 @@ def _solve_scalar_kernel(
             b_my = tl.load(My + i_b64 * d + o_d, mask=m_d, other=0.0).to(tl.float32)
             b_dot += b_mx * b_my
         mean_sq = tl.maximum(s1x / s0x + s1y / s0y - 2.0 * tl.sum(b_dot, 0), 0.0)
-        cost = tl.where(euclid != 0, tl.sqrt(mean_sq), mean_sq)
-        out = c - cost
+        out = c - mean_cost(cost, mean_sq)
     elif mode == 1:
         out = k * (s1x / s0x + s1y / s0y) + c
     else:
@@ -117,9 +117,9 @@ def _launch(mode: int, X: Side, Y: Side, px, py, *, k=0.0, c=0.0, eps=0.0, means
         X.w, px, Y.w, py, mx, my, out, X.w.shape[1], Y.w.shape[1], mx.shape[-1],
         X.w.stride(0), px.stride(0), Y.w.stride(0), py.stride(0),
         mode, int(kl_x), int(kl_y), 1.0 / X.rho if kl_x else 0.0, 1.0 / Y.rho if kl_y else 0.0,
-        float(X.rho or 0.0), float(Y.rho or 0.0), int(X.cost == "euclidean"), float(k),
+        float(X.rho or 0.0), float(Y.rho or 0.0), cost_id(X.cost), float(k),
         float(c), float(eps),
-        BLOCK=_BLOCK, BLOCK_D=_BLOCK_D, **FP_FUSION,
+        BLOCK=SUMS_BLOCK, BLOCK_D=SUMS_BLOCK_D, **FP_FUSION,
     )  # fmt: skip
     return out
 

@@ -11,42 +11,44 @@ derivation: docs/transport.md.
 V of any width p: up to BLOCK_P columns the accumulator lives in registers; wider V is
 accumulated in the fp32 output buffer itself, chunk by chunk, so the score tile is still
 computed once per column tile (never once per feature chunk). One value column is a row sum,
-not a dot. Score operands are the soft-min's (``lse.operands``: float16 grid copies at "tf32").
+not a dot. Score operands are the soft-min's (``operands.operands``: float16 grid copies at
+"tf32").
 When the row blocks cannot fill the GPU the column sweep is split as in the soft-min; the
 partials (max, sum, accumulator rows) are merged by ``_apply_combine_kernel``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import triton
 import triton.language as tl
 
-from ..._triton_launch import (
-    FP_FUSION,
-    cdiv,
-    launch,
-    next_pow2,
-    precompile_once,
-    resident_blocks,
-)
+from ..._triton_launch import FP_FUSION, cdiv, launch, precompile_once, resident_blocks
 from ...problem import Side
-from .configs import interpreting
-from .lse import (
-    _chunk,
-    _col_bias,
-    _cost_scores,
-    _label_rows,
-    _label_tile,
-    _load_parts,
-    _online_lse,
-    _score_tile,
-    cost_args,
-    operands,
-    plan_split,
-    wave_split,
+from ...tuning import TUNING
+from .. import kernel_costs
+from .configs import (
+    COMBINE_ROWS,
+    TC_MIN_RANK_BLOCK,
+    TransportConfig,
+    grad_tiles,
+    interpreting,
+    transport_config,
+)
+from .operands import cost_args, operands
+from .split import transport_split
+from .tiles import (
+    SQEUCLIDEAN,
+    col_bias,
+    cost_scores,
+    grad_weight,
+    label_rows,
+    label_tile,
+    load_parts,
+    online_lse,
+    score_tile,
 )
 
 _DYNAMIC = [
@@ -70,67 +72,6 @@ _DYNAMIC = [
 ]
 
 
-@dataclass(frozen=True)
-class TransportConfig:
-    block_m: int
-    block_n: int
-    block_d: int
-    d_tiles: int
-    block_p: int
-    p_tiles: int
-    block_r: int
-    r_tiles: int
-    num_warps: int
-    num_stages: int
-
-
-def _tiles(k: int, cap: int) -> tuple[int, int]:
-    block = min(max(16, next_pow2(max(k, 1))), cap)
-    return block, cdiv(max(k, 1), block)
-
-
-def transport_config(d: int, p: int, r: int) -> TransportConfig:
-    """Tile shape for feature size d, value width p and Hadamard rank r (0: none).
-
-    Rule-based like :func:`.configs.lse_config`: no autotuning, no recompilation for a new
-    n or m. The interpreter gets small tiles so that odd-sized tests cross every edge.
-    """
-    if interpreting():
-        bd, dt = _tiles(d, 64)
-        bp, pt = _tiles(p, 32)
-        br, rt = _tiles(r, 32)
-        return TransportConfig(32, 32, bd, dt, bp, pt, br, rt, 4, 1)
-    bd, dt = _tiles(d, 128 if d <= 128 else 64)
-    # Register accumulator up to 128 value columns; wider V streams through the output.
-    bp, pt = _tiles(p, 128 if p <= 128 else 64)
-    br, rt = _tiles(r, 64)
-    if p == 1 and r == 0 and d <= 128:
-        # One value column (the HVP's P v, Pᵀ u) is a soft-min sweep plus one FMA and a row sum
-        # per score (no second dot): 128 x 64 tiles, 8 warps (measured in entry 8 of
-        # docs/performance.md; the soft-min's 256-row tiles were not tried here).
-        return TransportConfig(128, 64, bd, dt, bp, pt, br, rt, 8, 3)
-    wide = bd > 32 or bp > 32 or dt > 1 or pt > 1
-    return TransportConfig(64, 64, bd, dt, bp, pt, br, rt, 8 if wide else 4, 2)
-
-
-def grad_tiles(d: int) -> tuple[int, int, int, int] | None:
-    """(rows, columns, warps, stages) of the gradient's transport pass for one 16-bit score
-    operand per point, or None for the rule of :func:`transport_config`.
-
-    Measured on the H200 with the float16 P·y dot and the whole-wave split (docs/performance.md
-    entry 19, bench/results/dev/s20_probe_h200.jsonl): at 32 < d <= 64, 128 x 128 tiles with 4
-    warps (10k: 0.41 ms, 50k: 3.63 ms, against 0.50 / 4.69 for entry 17's 256 x 64 / 8 warps);
-    at 64 < d <= 128, 128 x 128 with 8 warps (10k: 0.52 ms; 64 x 128 / 4 warps is 5 % slower at
-    10k and 24 % faster at 40k, where the row has its 2x with room). fp32 operand tiles of
-    these sizes would not fit in shared memory.
-    """
-    if 32 < d <= 64:
-        return (128, 128, 4, 3)
-    if 64 < d <= 128:
-        return (128, 128, 8, 2)
-    return None
-
-
 # Kernel argument lists are grouped by role (tensors, sizes, strides, constexprs), one
 # group per line; the formatter would put one argument per line.
 # fmt: off
@@ -139,7 +80,7 @@ def _transport_epilogue(
     b_max, b_sum, b_wsum, b_acc, Rx, Rsq, Rlogw, Rpot, Out, Marg,
     i_b64, o_m, m_m, o_vr, p, s_xb, s_xn, s_ob, s_on, inv_eps2, rscale,
     BLOCK_P: tl.constexpr, P_TILES: tl.constexpr,
-    HAS_V: tl.constexpr, GRAD: tl.constexpr, EUCLID: tl.constexpr,
+    HAS_V: tl.constexpr, GRAD: tl.constexpr, COST: tl.constexpr,
 ):
     # â_i = 2^(ha_i + max_i) s_i, and out_i = (â_i / s_i) acc_i = 2^(ha_i + max_i) acc_i. With
     # P_TILES > 1 the accumulator is the program's rows of Out (b_acc unused). For GRAD the row
@@ -149,11 +90,8 @@ def _transport_epilogue(
     o_p = tl.arange(0, BLOCK_P)
     p_o = Out + i_b64 * s_ob + o_m64[:, None] * s_on + o_p[None, :]
     p_x = Rx + i_b64 * s_xb + o_m64[:, None] * s_xn + o_p[None, :]
-    if EUCLID:
-        b_ha = tl.load(Rpot + o_vr, mask=m_m, other=0.0) * inv_eps2
-    else:
-        b_ha = (tl.load(Rpot + o_vr, mask=m_m, other=0.0) - tl.load(Rsq + o_vr, mask=m_m, other=0.0)) * inv_eps2
-    b_ha += tl.load(Rlogw + o_vr, mask=m_m, other=float("-inf")) * 1.4426950408889634
+    # the row prefactor ha_i: the column bias formula on the row side
+    b_ha, _ = col_bias(Rpot, Rsq, Rlogw, o_vr, m_m, inv_eps2, COST)
     b_scale = tl.where(b_max == float("-inf"), 0.0, tl.exp2(b_ha + b_max))
     b_scale = tl.where(b_scale == b_scale, b_scale, 0.0)  # zero weight and -inf max: no mass
     b_marg = b_scale * b_sum
@@ -168,7 +106,8 @@ def _transport_epilogue(
                 b_out = tl.load(p_o + i_p * BLOCK_P, mask=m_o, other=0.0) * b_scale[:, None]
             if GRAD:
                 b_x = tl.load(p_x + i_p * BLOCK_P, mask=m_o, other=0.0).to(tl.float32) * rscale
-                if EUCLID:
+                if COST != SQEUCLIDEAN:
+                    # Σ_j P_ij w_ij (x_i − y_j), w from tiles.grad_weight
                     b_out = (b_scale * b_wsum)[:, None] * b_x - b_out
                 else:
                     b_out = 2.0 * (b_marg[:, None] * b_x - b_out)
@@ -188,16 +127,17 @@ def _apply_fwd_kernel(
     BLOCK_R: tl.constexpr, R_TILES: tl.constexpr,
     HAS_V: tl.constexpr, HADAMARD: tl.constexpr, GRAD: tl.constexpr, VEC: tl.constexpr,
     P16: tl.constexpr, PRECISION: tl.constexpr, HAD_PRECISION: tl.constexpr, SCORE_PRECISION: tl.constexpr,
-    EUCLID: tl.constexpr, LABELS: tl.constexpr, MERGE: tl.constexpr,
+    COST: tl.constexpr, LABELS: tl.constexpr, MERGE: tl.constexpr,
 ):
-    # Other costs (docs/costs.md): the score tile comes from lse._cost_scores; the euclidean
-    # gradient Σ_j P_ij (x_i − y_j) / D_ij is this kernel with the Hadamard weights 1 / D_ij
-    # (0 where D_ij is at the floor: the subgradient) and their own running row sum.
+    # Other costs (docs/costs.md): the score tile comes from tiles.cost_scores; their gradient
+    # Σ_j P_ij w_ij (x_i − y_j) is this kernel with the Hadamard weights w_ij of
+    # tiles.grad_weight (euclidean: 1 / D_ij, 0 where D_ij is at the floor: the subgradient)
+    # and their own running row sum.
     # Base-2 scores z_ij = x_i·y_j (2 log2e / eps) + h_j with the column bias
     # h_j = (p_j − ‖y_j‖²) log2e / eps + log2 w_j; log2 P_ij = ha_i + z_ij with the row
     # prefactor ha_i = (p_i − ‖x_i‖²) log2e / eps + log2 w_i, applied once in the epilogue.
     # R, C are the score operands: possibly float16 points divided by a power of two, whose
-    # product dot_scale restores (lse.operands); rscale / vscale restore the row points and the
+    # product dot_scale restores (operands.operands); rscale / vscale restore the row points and the
     # gradient's values (the column points) exactly.
     scale2 = 2.0 * 1.4426950408889634 * dot_scale / eps
     inv_eps2 = 1.4426950408889634 / eps
@@ -226,14 +166,13 @@ def _apply_fwd_kernel(
     b_r = tl.zeros([BLOCK_M, BLOCK_D], R.dtype.element_ty)
     b_rl = b_r
     if D_TILES == 1:
-        b_r, b_rl = _load_parts(p_r, m_m[:, None] & (o_d[None, :] < d), d, SCORE_PRECISION)
+        b_r, b_rl = load_parts(p_r, m_m[:, None] & (o_d[None, :] < d), d, SCORE_PRECISION)
     o_vr = i_b64 * s_vrb + o_m
     b_rsq = tl.zeros([BLOCK_M], tl.float32)
-    if EUCLID:
+    if COST != SQEUCLIDEAN:
         b_rsq = tl.load(Rsq + o_vr, mask=m_m, other=0.0)
     if LABELS:
-        b_lr, b_w0, b_w1 = _label_rows(Rlab, Lcost, o_vr, m_m, n_lab, LABELS)
-    d_min = tl.sqrt(sq_floor)
+        b_lr, b_w0, b_w1 = label_rows(Rlab, Lcost, o_vr, m_m, n_lab, LABELS)
 
     b_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     b_sum = tl.zeros([BLOCK_M], tl.float32)
@@ -248,24 +187,23 @@ def _apply_fwd_kernel(
         m_n = o_n < n_cols
         o_n64 = o_n.to(tl.int64)
         p_c = p_c0 + o_n64[:, None] * s_cn + o_d[None, :]
-        b_s, b_c = _score_tile(
+        b_s, b_c = score_tile(
             p_r, p_c, m_m, m_n, o_d < d, b_r, b_rl, o_d, d, BLOCK_M, BLOCK_N, BLOCK_D, D_TILES,
             SCORE_PRECISION,
         )
         o_vc = i_b64 * s_vcb + o_n
-        b_h, b_csq = _col_bias(Cpot, Csq, Clogw, o_vc, m_n, inv_eps2, EUCLID)
+        b_h, b_csq = col_bias(Cpot, Csq, Clogw, o_vc, m_n, inv_eps2, COST)
         b_lab = b_s
         if LABELS:
-            b_lab = _label_tile(Lcost, b_lr, b_w0, b_w1, Clab, o_vc, m_m, m_n, n_lab, lscale, LABELS)
-        b_z, b_dist = _cost_scores(b_s, b_h, b_rsq, b_csq, b_lab, scale2, inv_eps2, dot_scale, sq_floor, EUCLID, LABELS)
+            b_lab = label_tile(Lcost, b_lr, b_w0, b_w1, Clab, o_vc, m_m, m_n, n_lab, lscale, LABELS)
+        b_z, b_cost = cost_scores(b_s, b_h, b_rsq, b_csq, b_lab, scale2, inv_eps2, dot_scale, sq_floor, COST, LABELS)
         # Rows that have only met -inf scores keep max = -inf: shift by 0 so exp2 gives 0.
-        b_new, b_alpha, b_ref = _online_lse(b_max, b_sum, b_z)
+        b_new, b_alpha, b_ref = online_lse(b_max, b_sum, b_z)
         b_e = tl.exp2(b_z - b_ref[:, None])
         b_sum = b_sum * b_alpha + tl.sum(b_e, 1)
         b_max = b_new
-        if GRAD and EUCLID:
-            b_far = b_dist > d_min
-            b_e = tl.where(b_far, b_e / tl.where(b_far, b_dist, 1.0), 0.0)
+        if GRAD and COST != SQEUCLIDEAN:
+            b_e = grad_weight(COST, b_e, b_cost, sq_floor)
             b_wsum = b_wsum * b_alpha + tl.sum(b_e, 1)
         if HAS_V:
             if HADAMARD:
@@ -342,7 +280,7 @@ def _apply_fwd_kernel(
             b_fm = tl.exp2(b_max - b_ref)
             b_ps = tl.load(Psum + o_pr, mask=m_m, other=0.0, cache_modifier=".cg")
             b_sum = b_ps * b_fo + b_sum * b_fm
-            if GRAD and EUCLID:
+            if GRAD and COST != SQEUCLIDEAN:
                 b_pw = tl.load(Pwsum + o_pr, mask=m_m, other=0.0, cache_modifier=".cg")
                 b_wsum = b_pw * b_fo + b_wsum * b_fm
             if HAS_V:
@@ -353,12 +291,12 @@ def _apply_fwd_kernel(
             _transport_epilogue(
                 b_max, b_sum, b_wsum, b_acc, Rx, Rsq, Rlogw, Rpot, Out, Marg,
                 i_b64, o_m, m_m, o_vr, p, s_xb, s_xn, s_ob, s_on, inv_eps2, rscale,
-                BLOCK_P, P_TILES, HAS_V, GRAD, EUCLID,
+                BLOCK_P, P_TILES, HAS_V, GRAD, COST,
             )
         else:
             tl.store(Pmax + o_pr, b_max, mask=m_m)
             tl.store(Psum + o_pr, b_sum, mask=m_m)
-            if GRAD and EUCLID:
+            if GRAD and COST != SQEUCLIDEAN:
                 tl.store(Pwsum + o_pr, b_wsum, mask=m_m)
             if HAS_V:
                 tl.store(p_o, b_acc, mask=m_a)
@@ -369,7 +307,7 @@ def _apply_fwd_kernel(
         o_pr = i_b64 * n_rows + o_m64
         tl.store(Pmax + i_s * s_ps + o_pr, b_max, mask=m_m)
         tl.store(Psum + i_s * s_ps + o_pr, b_sum, mask=m_m)
-        if GRAD and EUCLID:
+        if GRAD and COST != SQEUCLIDEAN:
             tl.store(Pwsum + i_s * s_ps + o_pr, b_wsum, mask=m_m)
         if HAS_V and P_TILES == 1:
             p_pa = Pacc + i_s * s_pa + o_pr[:, None] * p + o_p[None, :]
@@ -378,7 +316,7 @@ def _apply_fwd_kernel(
         _transport_epilogue(
             b_max, b_sum, b_wsum, b_acc, Rx, Rsq, Rlogw, Rpot, Out, Marg,
             i_b64, o_m, m_m, o_vr, p, s_xb, s_xn, s_ob, s_on, inv_eps2, rscale,
-            BLOCK_P, P_TILES, HAS_V, GRAD, EUCLID,
+            BLOCK_P, P_TILES, HAS_V, GRAD, COST,
         )
 
 
@@ -389,7 +327,7 @@ def _apply_combine_kernel(
     s_xb, s_xn, s_vrb, s_ob, s_on, s_ps, s_pa,
     eps, rscale,
     BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
-    HAS_V: tl.constexpr, GRAD: tl.constexpr, EUCLID: tl.constexpr,
+    HAS_V: tl.constexpr, GRAD: tl.constexpr, COST: tl.constexpr,
 ):
     # Merges the partials of a split sweep: max = max_k max_k, and every other partial
     # (sum, weighted sum, accumulator rows) scaled by 2^(max_k − max) and added; then the
@@ -412,7 +350,7 @@ def _apply_combine_kernel(
     for i_s in range(n_split):
         b_f = tl.exp2(tl.load(Pmax + i_s * s_ps + o_pr, mask=m_m, other=float("-inf")) - b_ref)
         b_sum += tl.load(Psum + i_s * s_ps + o_pr, mask=m_m, other=0.0) * b_f
-        if GRAD and EUCLID:
+        if GRAD and COST != SQEUCLIDEAN:
             b_wsum += tl.load(Pwsum + i_s * s_ps + o_pr, mask=m_m, other=0.0) * b_f
         if HAS_V:
             p_pa = Pacc + i_s * s_pa + o_pr[:, None] * p + o_p[None, :]
@@ -421,48 +359,8 @@ def _apply_combine_kernel(
     _transport_epilogue(
         b_max, b_sum, b_wsum, b_acc, Rx, Rsq, Rlogw, Rpot, Out, Marg,
         i_b64, o_m, m_m, o_vr, p, s_xb, s_xn, s_ob, s_on, inv_eps2, rscale,
-        BLOCK_P, 1, HAS_V, GRAD, EUCLID,
+        BLOCK_P, 1, HAS_V, GRAD, COST,
     )
-
-
-# Hadamard weight tiles A_I B_Jᵀ of rank blocks narrower than this are formed by the exact fp32
-# FMA dot: on the H200 (Triton 3.6) tensor-core dots of 16-wide fp32 rank blocks gave wrong
-# weights or an illegal address in 8-warp launches (bench/results/transport_matrix_h200.json);
-# 64-wide blocks were right at every precision. At small rank the FMA dot costs little.
-_TC_MIN_RANK_BLOCK = 64
-
-#: The envelope gradient at precision "tf32" multiplies the probability tile by the column
-#: points as a float16 tensor-core dot (P scaled by 2^15, fp32 accumulation) instead of a TF32
-#: dot of fp32 tiles; both keep 10 bits of P (docs/performance.md, entry 19). False: the TF32 dot.
-FP16_GRAD = True
-
-#: Split the column sweep to fill whole waves of the kernel's resident blocks (lse.wave_split);
-#: False: about four programs per SM (lse.split_count), the rule before entry 19.
-WAVE_SPLIT = True
-
-#: Split column sweeps merge their partials into the output in chunk order, each chunk
-#: waiting for its ticket (entry 19); False: per-chunk partial buffers (split x B x n x p
-#: floats) and a combine launch.
-INPLACE_MERGE = True
-
-# Tests set this to force a split count of the column sweep; None lets lse.split_count decide.
-FORCE_SPLIT: int | None = None
-_COMBINE_ROWS = 32
-
-
-def _split_plan(n_programs: int, m: int, block_n: int, device, splittable: bool, per_sm=None):
-    """(number of column chunks, columns per chunk): whole waves where the kernel's resident
-    blocks per SM are known (lse.wave_split), else lse.plan_split; no split for wide V."""
-    m1 = max(m, 1)
-    if not splittable:
-        return 1, m1
-    if FORCE_SPLIT is not None:
-        cps = _chunk(m1, max(1, min(FORCE_SPLIT, cdiv(m1, block_n))), block_n)
-        return cdiv(m1, cps), cps
-    if per_sm is not None and WAVE_SPLIT:
-        cps = _chunk(m1, wave_split(n_programs, m1, block_n, per_sm, device), block_n)
-        return cdiv(m1, cps), cps
-    return plan_split(n_programs, m1, block_n, device)
 
 
 def _launch(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, precision, grad):
@@ -526,19 +424,21 @@ def _launch_kernels(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, pre
         A = Bw = marg
     s3 = lambda t: (t.stride(0), t.stride(1)) if t.dim() == 3 else (0, 0)  # noqa: E731
     n_blocks = cdiv(n, cfg.block_m)
-    euclid, labels, rlab, clab, lcost, n_lab, lscale = cost_args(rows, cols)
+    cost, labels, rlab, clab, lcost, n_lab, lscale = cost_args(rows, cols)
     vec = has_v and p == 1 and not grad
-    # The gradient's P y at "tf32" on the float16 grid copies: a float16 dot (FP16_GRAD).
-    # (Not for the euclidean cost, whose tile is divided by the distances: it can exceed 1.)
-    p16 = (FP16_GRAD and grad and precision == "tf32" and cfg.d_tiles == 1 and not euclid
-           and xc.dtype == torch.float16 and score_prec == "tf32")  # fmt: skip
-    merge = cfg.p_tiles == 1 and INPLACE_MERGE
+    # The gradient's P y at "tf32" on the float16 grid copies: a float16 dot (TUNING.fp16_grad):
+    # both it and the TF32 dot keep 10 bits of P. Only for the squared Euclidean cost: the
+    # weighted tile of the others (e.g. divided by the distances) can exceed 1.
+    p16 = (TUNING.fp16_grad and grad and precision == "tf32" and cfg.d_tiles == 1
+           and cost == kernel_costs.SQEUCLIDEAN and xc.dtype == torch.float16
+           and score_prec == "tf32")  # fmt: skip
+    merge = cfg.p_tiles == 1 and TUNING.inplace_merge
     kw = dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
         BLOCK_P=cfg.block_p, P_TILES=cfg.p_tiles, BLOCK_R=cfg.block_r, R_TILES=cfg.r_tiles,
         HAS_V=has_v, HADAMARD=r > 0, GRAD=grad, VEC=vec, P16=p16, PRECISION=precision,
-        HAD_PRECISION=precision if cfg.block_r >= _TC_MIN_RANK_BLOCK else "ieee",
-        SCORE_PRECISION=score_prec, EUCLID=euclid, LABELS=labels, MERGE=merge,
+        HAD_PRECISION=precision if cfg.block_r >= TC_MIN_RANK_BLOCK else "ieee",
+        SCORE_PRECISION=score_prec, COST=cost, LABELS=labels, MERGE=merge,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **FP_FUSION,
     )
 
@@ -565,7 +465,7 @@ def _launch_kernels(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, pre
             key, _apply_fwd_kernel, (n_blocks, B, 1),
             *args(marg, marg, marg, marg, m, 1, ticket), **kw,
         )  # fmt: skip
-    split, cps = _split_plan(n_blocks * B, m, cfg.block_n, rows.x.device, splittable, per_sm)
+    split, cps = transport_split(n_blocks * B, m, cfg.block_n, rows.x.device, splittable, per_sm)
     if merge and split > 1:
         # one ticket per row block, then the work-item counter
         ticket = torch.zeros(B * n_blocks + 1, dtype=torch.int32, device=rows.x.device)
@@ -575,20 +475,20 @@ def _launch_kernels(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, pre
         rows_of = 1 if merge else split  # merge: one (max, sum) row state, no accumulators
         pmax = torch.empty((rows_of, B, n), **f32)
         psum = torch.empty((rows_of, B, n), **f32)
-        if grad and euclid:
+        if grad and cost != kernel_costs.SQEUCLIDEAN:
             pwsum = torch.empty((rows_of, B, n), **f32)
         if has_v and not merge:
             pacc = torch.empty((split, B, n, p), **f32)
     launch(_apply_fwd_kernel, (n_blocks, B, split),
            *args(pmax, psum, pwsum, pacc, cps, split, ticket), **kw)  # fmt: skip
     if split > 1 and not merge:
-        launch(_apply_combine_kernel, (cdiv(n, _COMBINE_ROWS), B),
+        launch(_apply_combine_kernel, (cdiv(n, COMBINE_ROWS), B),
             pmax, psum, pwsum, pacc, xpts_r, rows.sq, rows.logw, row_pot, out, marg,
             n, p, split,
             xpts_r.stride(0), xpts_r.stride(1), rows.sq.stride(0), *s3(out), B * n, B * n * p,
             float(eps), rscale,
-            BLOCK_M=_COMBINE_ROWS, BLOCK_P=cfg.block_p,
-            HAS_V=has_v, GRAD=grad, EUCLID=euclid,
+            BLOCK_M=COMBINE_ROWS, BLOCK_P=cfg.block_p,
+            HAS_V=has_v, GRAD=grad, COST=cost,
             num_warps=4, **FP_FUSION,
         )
     return (out if has_v else None), marg
