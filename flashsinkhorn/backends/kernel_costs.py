@@ -37,6 +37,12 @@ def cost_id(name: str) -> int:
         raise ValueError(f"unknown kernel cost {name!r}; known: {sorted(KERNEL_COSTS)}") from None
 
 
+def power(name: str) -> int:
+    """The exponent p of the cost as a power of the distance (C = D^p): the ε-scaling schedule
+    starts from diameter^p."""
+    return {SQEUCLIDEAN: 2, EUCLIDEAN: 1}[cost_id(name)]
+
+
 def shifted(name: str) -> bool:
     """True for the squared Euclidean cost, whose scores use the shifted (dot-product) form."""
     return cost_id(name) == SQEUCLIDEAN
