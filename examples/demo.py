@@ -2,7 +2,8 @@
 
 Runs on the GPU when there is one (50,000 points per cloud), otherwise on the CPU (1,500).
 Prints value, iterations, marginal error and time, and writes a PNG of the clouds coloured by
-their potentials.
+their potentials (needs matplotlib: `make demo` installs it). On a shared 2-core CPU the
+whole script took 33 s (solve 3–10 s, loss and gradient 4–12 s, depending on the load).
 """
 
 from __future__ import annotations
