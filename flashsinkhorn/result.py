@@ -52,7 +52,8 @@ class SinkhornResult:
         backend: name of the backend that ran ("torch" or "triton").
         path: "streaming" (cost tiles recomputed on chip) or "dense" (stored scores).
         precision: dot-product precision used ("ieee", "tf32", "tf32x3").
-        schedule: "symmetric" or "alternating".
+        schedule: the schedule that ran, "symmetric" or "alternating" ("auto" resolved).
+        acceleration: the acceleration that ran: "none", "overrelax" or "anderson".
         solution: the :class:`Solution` (batched potentials, problem, backend) that
             gradients and transport operators read.
     """
@@ -71,6 +72,7 @@ class SinkhornResult:
         marginal_error: torch.Tensor | None,
         errors: list[tuple[int, float]],
         schedule: str,
+        acceleration: str = "none",
     ):
         self.solution = Solution(problem, backend, f, g, eps)
         self._error = marginal_error
@@ -85,6 +87,7 @@ class SinkhornResult:
         self.path = backend.path
         self.precision = problem.precision
         self.schedule = schedule
+        self.acceleration = acceleration
 
     @property
     def marginal_error(self) -> torch.Tensor:
@@ -96,14 +99,24 @@ class SinkhornResult:
         if self._error is None:
             with torch.no_grad():
                 self._error = _marginal_error(
-                    self.solution.problem, self.solution.backend, self.solution.f, self.solution.g, self.eps
+                    self.solution.problem,
+                    self.solution.backend,
+                    self.solution.f,
+                    self.solution.g,
+                    self.eps,
                 )
         return self.solution.problem.unbatch(self._error)
 
     def marginals(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Row and column marginals (P1, Pᵀ1) of the plan, shapes like ``f`` and ``g``."""
         with torch.no_grad():
-            ra, rb = _marginals(self.solution.problem, self.solution.backend, self.solution.f, self.solution.g, self.eps)
+            ra, rb = _marginals(
+                self.solution.problem,
+                self.solution.backend,
+                self.solution.f,
+                self.solution.g,
+                self.eps,
+            )
         return self.solution.problem.unbatch(ra), self.solution.problem.unbatch(rb)
 
     # ----- transport operators (streaming; no n × m tensor except in plan()) -----
@@ -143,9 +156,17 @@ class SinkhornResult:
         W, vector = self._values("V", V, problem.Y.n)
         with torch.no_grad():
             out, _ = self.solution.backend.transport(
-                problem.X, problem.Y, self.solution.f, self.solution.g, self.eps, W, None, None, problem.precision
+                problem.X,
+                problem.Y,
+                self.solution.f,
+                self.solution.g,
+                self.eps,
+                W,
+                None,
+                None,
+                problem.precision,
             )
-        return self.solution.finish(out, vector)
+        return self._finish(out, vector)
 
     def apply_T(self, U: torch.Tensor) -> torch.Tensor:
         """Pᵀ @ U in one streaming pass.
@@ -160,9 +181,17 @@ class SinkhornResult:
         W, vector = self._values("U", U, problem.X.n)
         with torch.no_grad():
             out, _ = self.solution.backend.transport(
-                problem.Y, problem.X, self.solution.g, self.solution.f, self.eps, W, None, None, problem.precision
+                problem.Y,
+                problem.X,
+                self.solution.g,
+                self.solution.f,
+                self.eps,
+                W,
+                None,
+                None,
+                problem.precision,
             )
-        return self.solution.finish(out, vector)
+        return self._finish(out, vector)
 
     def barycentric_map(self) -> torch.Tensor:
         """Entropic barycentric projection T(x_i) = (P y)_i / â_i, with â = P 1.

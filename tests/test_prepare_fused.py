@@ -1,6 +1,6 @@
 """The fused prepare (backends/triton/prepare.py) against the torch path of problem.prepare.
 
-On CPU the kernels run under the interpreter (``PREPARE_PATH = "triton"``); on CUDA the same
+On CPU the kernels run under the interpreter (``TUNING.prepare_path = "triton"``); on CUDA the same
 tests compare the compiled kernels with the torch path. Sizes are odd and cross the 64-row
 blocks; d covers 1, 3, 17 and 130 (more than one feature chunk).
 """
@@ -15,21 +15,28 @@ import torch
 
 import flashsinkhorn as fs
 from flashsinkhorn import problem as P
+from flashsinkhorn.backends.sides import prepare_sides, triton_sides
+from flashsinkhorn.tuning import TUNING
 
 
 @pytest.fixture
 def path(monkeypatch):
     def use(kind):
-        monkeypatch.setattr(P, "PREPARE_PATH", kind)
+        monkeypatch.setattr(TUNING, "prepare_path", kind)
 
     return use
 
 
+def _prepare(x, y, *args, **kw):
+    """``problem.prepare`` with the implementation the engine picks (``backends.sides``)."""
+    return P.prepare(x, y, *args, sides=prepare_sides(x, y), **kw)
+
+
 def _both(path, *args, **kw):
     path("torch")
-    ref = P.prepare(*args, **kw)
+    ref = _prepare(*args, **kw)
     path("triton")
-    got = P.prepare(*args, **kw)
+    got = _prepare(*args, **kw)
     return ref, got
 
 
@@ -104,7 +111,7 @@ def test_side_means_with_unequal_masses(device, path):
     b = 0.5 * torch.rand(y.shape[:-1], generator=g).to(device)
     for kind in ("torch", "triton"):
         path(kind)
-        p = P.prepare(x, y, a, b, rho_x=1.0, rho_y=2.0, precision="tf32")
+        p = _prepare(x, y, a, b, rho_x=1.0, rho_y=2.0, precision="tf32")
         for side, pts, w in ((p.X, x, a), (p.Y, y, b)):
             w64 = w.double()
             want = (w64[..., None] * pts.double()).sum(1) / w64.sum(-1, keepdim=True)
@@ -176,7 +183,7 @@ def test_fused_prepare_errors_match_torch(device, path, case, message):
     for kind in ("torch", "triton"):
         path(kind)
         with pytest.raises(ValueError, match=message):
-            P.prepare(x, y, a, b, rho_x=None, rho_y=None, precision="tf32")
+            _prepare(x, y, a, b, rho_x=None, rho_y=None, precision="tf32")
 
 
 def _dyadic_weights(n: int, g: torch.Generator) -> torch.Tensor:
@@ -199,10 +206,10 @@ def test_fused_prepare_solve_matches_torch_path(device, path):
     kw = dict(eps=0.3, n_iters=5, tol=None, precision="tf32", backend="triton")
     path("torch")
     ref = fs.sinkhorn(x, y, a, b, **kw)
-    prob_ref = P.prepare(x, y, a, b, rho_x=None, rho_y=None, precision="tf32")
+    prob_ref = _prepare(x, y, a, b, rho_x=None, rho_y=None, precision="tf32")
     path("triton")
     got = fs.sinkhorn(x, y, a, b, **kw)
-    prob = P.prepare(x, y, a, b, rho_x=None, rho_y=None, precision="tf32")
+    prob = _prepare(x, y, a, b, rho_x=None, rho_y=None, precision="tf32")
     assert torch.equal(prob.X.x, prob_ref.X.x) and torch.equal(prob.Y.x, prob_ref.Y.x)
     torch.testing.assert_close(got.f, ref.f, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(got.g, ref.g, rtol=1e-4, atol=1e-4)
@@ -210,12 +217,14 @@ def test_fused_prepare_solve_matches_torch_path(device, path):
 
 
 def test_prepare_path_auto_selects_by_device_and_dtype(monkeypatch):
-    monkeypatch.setattr(P, "PREPARE_PATH", "auto")
+    monkeypatch.setattr(TUNING, "prepare_path", "auto")
     x = torch.zeros(3, 2)
-    assert P._fused(x, x) == x.is_cuda
-    assert not P._fused(x.double(), x.double())
-    monkeypatch.setattr(P, "PREPARE_PATH", "triton")
-    assert P._fused(x, x) and not P._fused(x.half(), x.half())
+    assert (prepare_sides(x, x) is triton_sides) == x.is_cuda
+    assert prepare_sides(x.double(), x.double()) is None
+    monkeypatch.setattr(TUNING, "prepare_path", "triton")
+    assert prepare_sides(x, x) is triton_sides and prepare_sides(x.half(), x.half()) is None
+    monkeypatch.setattr(TUNING, "prepare_path", "torch")
+    assert prepare_sides(x, x) is None
 
 
 @pytest.mark.gpu
@@ -235,9 +244,9 @@ def test_prepare_graphs_replay_new_values_and_scales(path):
 
     def check(scale_expected=None):
         path("torch")
-        ref = P.prepare(x, y, a, b, **kw)
+        ref = _prepare(x, y, a, b, **kw)
         path("triton")
-        got = P.prepare(x, y, a, b, **kw)
+        got = _prepare(x, y, a, b, **kw)
         assert got.X.kscale == ref.X.kscale
         if scale_expected is not None:
             assert got.X.kscale == scale_expected
@@ -265,5 +274,5 @@ def test_prepare_graphs_replay_new_values_and_scales(path):
     # negative weights written in place: the replayed statistics must catch them
     a[5] = -1.0
     with pytest.raises(ValueError, match="a must be non-negative"):
-        P.prepare(x, y, a, b, **kw)
+        _prepare(x, y, a, b, **kw)
     tp.clear_graphs()
