@@ -12,7 +12,8 @@ from numbers import Real
 
 import torch
 
-SCHEDULES = ("symmetric", "alternating")
+SCHEDULES = ("auto", "symmetric", "alternating")
+ACCELERATIONS = ("auto", "none", "overrelax", "anderson")
 BACKENDS = ("auto", "torch", "triton")
 PRECISIONS = ("auto", "ieee", "tf32", "tf32x3")
 PATHS = ("auto", "streaming", "dense")
@@ -124,10 +125,15 @@ def check_choice(name: str, v: object, choices: Sequence[str]) -> str:
     return v
 
 
-def check_scaling(scaling: object) -> float | None:
-    """Checks the annealing factor: None (fixed eps) or a number in (0, 1)."""
+def check_scaling(scaling: object, allow_auto: bool = False) -> float | str | None:
+    """Checks the annealing factor: None (fixed eps), a number in (0, 1), or "auto" where
+    allowed (chosen with the schedule)."""
     if scaling is None:
         return None
+    if allow_auto and isinstance(scaling, str):
+        if scaling != "auto":
+            raise ValueError(f"scaling must be 'auto', None or a number in (0, 1), got {scaling!r}")
+        return scaling
     s = check_positive("scaling", scaling)
     if s >= 1:
         raise ValueError(f"scaling must be in (0, 1) or None, got {s}")

@@ -8,10 +8,12 @@ none of them imports the public layer.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import _validation as V
-from .backends import resolve_backend, select_path
+from .backends import kernel_costs, resolve_backend, select_path
 from .backends.sides import prepare_sides
 from .options import SinkhornOptions
 from .problem import prepare
@@ -57,14 +59,7 @@ def solve_points(
             sides=prepare_sides(x, y),
         )  # fmt: skip
         impl = select_path(impl, problem, opts.path)
-        diameter = opts.diameter
-        if opts.scaling is not None and diameter is None:
-            diameter = estimate_diameter(problem.X.x, problem.Y.x)
-        power = 1 if problem.cost == "euclidean" else 2
-        offset = 0.0
-        if problem.has_labels and opts.scaling is not None:
-            offset = float(problem.X.lcost.max())
-        eps_list = eps_schedule(opts.eps, opts.scaling, diameter, power, offset)
+        opts, eps_list = schedule_for(problem, opts)
 
         def run():
             st = solve(problem, impl, eps_list, opts)
@@ -93,7 +88,29 @@ def solve_points(
         marginal_error=state.marginal_error,
         errors=state.errors,
         schedule=opts.schedule,
+        acceleration=opts.acceleration,
     )
+
+
+def schedule_for(problem, opts: SinkhornOptions, *, diameter=None):
+    """The options with "auto" resolved for this problem, and its eps ladder.
+
+    The cost's range that the rule and the ladder start from is diameter^p (+ the largest
+    label cost), p = 2 for the squared Euclidean cost and 1 for the euclidean one; the
+    diameter is ``opts.diameter``, else ``diameter``, else the bounding box of both clouds.
+    """
+    wants_range = opts.scaling == "auto" and opts.tol is not None
+    wants_range = wants_range or isinstance(opts.scaling, float)
+    diameter = opts.diameter if opts.diameter is not None else diameter
+    if wants_range and diameter is None:
+        diameter = estimate_diameter(problem.X.x, problem.Y.x)
+    power = kernel_costs.power(problem.cost)
+    offset = float(problem.X.lcost.max()) if problem.has_labels and wants_range else 0.0
+    scale = diameter**power + offset if diameter else None
+    if scale is not None and not math.isfinite(scale):
+        scale = diameter = None  # non-finite points (check_finite=False): no ladder
+    opts = opts.resolve(scale)
+    return opts, eps_schedule(opts.eps, opts.scaling, diameter, power, offset)
 
 
 def _tensors(state: SolveState, value: torch.Tensor) -> tuple[torch.Tensor, ...]:

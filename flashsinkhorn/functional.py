@@ -21,8 +21,11 @@ def sinkhorn(
     n_iters: int = 1000,
     tol: float | None = 1e-3,
     check_every: int = 10,
-    schedule: str = "symmetric",
-    scaling: float | None = None,
+    schedule: str = "auto",
+    acceleration: str = "auto",
+    omega: float | None = None,
+    anderson_memory: int = 5,
+    scaling: float | str | None = "auto",
     diameter: float | None = None,
     rho_x: float | None = None,
     rho_y: float | None = None,
@@ -54,10 +57,20 @@ def sinkhorn(
             runs exactly ``n_iters`` iterations (benchmark mode). Default 1e-3.
         check_every: iterations between two convergence tests (the only host
             synchronisations of the loop). Default 10.
-        schedule: "symmetric" (averaged Jacobi updates, one fused launch per iteration) or
-            "alternating" (Gauss–Seidel). Default "symmetric".
-        scaling: None keeps eps fixed; a value in (0, 1) first anneals eps from
-            ``diameter²`` down to ``eps``, dividing it by ``scaling²`` each iteration.
+        schedule: "auto" (default), "symmetric" (averaged Jacobi updates, one fused launch
+            per iteration) or "alternating" (Gauss–Seidel). "auto" is "alternating" when
+            ``tol`` is set and "symmetric" for a fixed number of iterations (docs/convergence.md).
+        acceleration: "auto" (default), "none", "overrelax" (f ← (1 − ω) f + ω T(g), ω from
+            ``omega``) or "anderson" (Anderson mixing of the potentials, with a safeguard that
+            takes the plain step when a mixed iterate raises the error). "auto" is "anderson"
+            for the alternating schedule with a tolerance and "none" otherwise.
+        omega: over-relaxation factor in (0, 2) for ``acceleration="overrelax"``; None
+            (default) estimates it per problem from the observed error decay.
+        anderson_memory: past iterates mixed by Anderson acceleration (>= 1). Default 5.
+        scaling: "auto" (default), None or a value in (0, 1). A value first anneals eps from
+            ``diameter²`` down to ``eps``, dividing it by ``scaling²`` each iteration; None
+            keeps eps fixed; "auto" anneals (0.5, or 0.7 below eps/diameter² = 1e-5) only
+            when ``tol`` is set and eps/diameter² < 1e-3.
         diameter: largest distance between points, for annealing; estimated from the
             bounding box of both clouds when None.
         rho_x: KL relaxation strength of the x marginal (unbalanced OT); None is a hard
@@ -92,8 +105,9 @@ def sinkhorn(
 
     Returns:
         A :class:`SinkhornResult` with potentials ``f``, ``g``, ``value``, ``n_iters``,
-        ``converged``, ``marginal_error``. Potentials are not differentiable; use
-        :func:`flashsinkhorn.ot_cost` for gradients.
+        ``converged``, ``marginal_error``, and the ``schedule`` and ``acceleration`` that
+        ran. Potentials are not differentiable; use :func:`flashsinkhorn.ot_cost` for
+        gradients.
 
     Raises:
         ValueError, TypeError: for invalid arguments, naming the argument.

@@ -8,6 +8,8 @@ HVP of :mod:`flashsinkhorn.hessian`.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import _validation as V
@@ -40,8 +42,11 @@ def ot_cost(
     n_iters: int = 1000,
     tol: float | None = 1e-3,
     check_every: int = 10,
-    schedule: str = "symmetric",
-    scaling: float | None = None,
+    schedule: str = "auto",
+    acceleration: str = "auto",
+    omega: float | None = None,
+    anderson_memory: int = 5,
+    scaling: float | str | None = "auto",
     diameter: float | None = None,
     rho_x: float | None = None,
     rho_y: float | None = None,
@@ -72,9 +77,10 @@ def ot_cost(
             uniform.
         b: weights of y, (m,) or (B, m); default uniform.
         eps: entropic regularisation, in units of the cost (squared distance).
-        n_iters, tol, check_every, schedule, scaling, diameter, rho_x, rho_y, backend,
-        precision, check_finite: as in :func:`flashsinkhorn.sinkhorn` (defaults: 1000,
-            1e-3, 10, "symmetric", None, None, None, None, "auto", "auto", True).
+        n_iters, tol, check_every, schedule, acceleration, omega, anderson_memory, scaling,
+        diameter, rho_x, rho_y, backend, precision, check_finite: as in
+            :func:`flashsinkhorn.sinkhorn` (defaults: 1000, 1e-3, 10, "auto", "auto", None,
+            5, "auto", None, None, None, "auto", "auto", True).
         hvp_options: Schur-solve settings of the second derivative (``create_graph=True``
             then grad again, which applies the streaming HVP): keys ``tau``, ``cg_tol``,
             ``cg_max_iter``, ``cg_check_every`` (defaults 1e-5, 1e-6, 500, 10; docs/hvp.md).
@@ -121,8 +127,11 @@ def sinkhorn_divergence(
     n_iters: int = 1000,
     tol: float | None = 1e-3,
     check_every: int = 10,
-    schedule: str = "symmetric",
-    scaling: float | None = None,
+    schedule: str = "auto",
+    acceleration: str = "auto",
+    omega: float | None = None,
+    anderson_memory: int = 5,
+    scaling: float | str | None = "auto",
     diameter: float | None = None,
     rho_x: float | None = None,
     rho_y: float | None = None,
@@ -164,7 +173,8 @@ def sinkhorn_divergence(
     if opts.scaling is not None and opts.diameter is None:
         with torch.no_grad():
             diameter = estimate_diameter(_batched(xt.detach()), _batched(yt.detach()))
-        opts = opts.replace(diameter=diameter if diameter > 0 else None)
+        finite = diameter > 0 and math.isfinite(diameter)
+        opts = opts.replace(diameter=diameter if finite else None)
     rho_x, rho_y = opts.rho_x, opts.rho_y
     xy = _ot_cost_points(xt, yt, a, b, opts)
     xx = _ot_cost_points(xt, xt, a, a, opts.replace(

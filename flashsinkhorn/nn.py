@@ -32,9 +32,10 @@ class SinkhornDivergence(torch.nn.Module):
     Args:
         eps: entropic regularisation in squared-distance units.
         **options: any keyword of :func:`flashsinkhorn.sinkhorn_divergence` (n_iters, tol,
-            check_every, schedule, scaling, diameter, rho_x, rho_y, backend, precision,
-            check_finite, hvp_options, and the cost options cost, feature_map, label_x,
-            label_y, label_cost, feature_weight, label_weight of docs/costs.md). The solver
+            check_every, schedule, acceleration, omega, anderson_memory, scaling, diameter,
+            rho_x, rho_y, backend, precision, check_finite, hvp_options, and the cost
+            options cost, feature_map, label_x, label_y, label_cost, feature_weight,
+            label_weight of docs/costs.md). The solver
             settings are validated here.
     """
 

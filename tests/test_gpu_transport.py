@@ -31,10 +31,14 @@ def test_transport_matches_torch_cuda(n, d, p_width):
     U = torch.randn(1, n, p_width, device="cuda", generator=g)
     tol = 2e-3 if d >= 512 else 2e-4
     out, marg = tri.transport(P32.X, P32.Y, f32, g32, eps, V, None, None, "ieee")
-    rout, rmarg = tb.transport(P64.X, P64.Y, ref.solution.f, ref.solution.g, eps, V.double(), None, None, "ieee")
+    rout, rmarg = tb.transport(
+        P64.X, P64.Y, ref.solution.f, ref.solution.g, eps, V.double(), None, None, "ieee"
+    )
     assert _rel(out, rout) < tol and _rel(marg, rmarg) < tol
     out, _ = tri.transport(P32.Y, P32.X, g32, f32, eps, U, None, None, "ieee")
-    rout, _ = tb.transport(P64.Y, P64.X, ref.solution.g, ref.solution.f, eps, U.double(), None, None, "ieee")
+    rout, _ = tb.transport(
+        P64.Y, P64.X, ref.solution.g, ref.solution.f, eps, U.double(), None, None, "ieee"
+    )
     assert _rel(out, rout) < tol
     for rows, cols, rp, cp, rp64, cp64, r64, c64 in (
         (P32.X, P32.Y, f32, g32, ref.solution.f, ref.solution.g, P64.X, P64.Y),
@@ -58,7 +62,9 @@ def test_hadamard_matches_torch_cuda(d):
     V = torch.randn(1, n - 7, d, device="cuda", generator=g)
     tri = resolve_backend("triton", x.device, torch.float32)
     Bw = P32.Y.x
-    out, _ = tri.transport(P32.X, P32.Y, ref.solution.f.float(), ref.solution.g.float(), 0.1, V, A, Bw, "ieee")
+    out, _ = tri.transport(
+        P32.X, P32.Y, ref.solution.f.float(), ref.solution.g.float(), 0.1, V, A, Bw, "ieee"
+    )
     rout, _ = TorchBackend().transport(
         P64.X, P64.Y, ref.solution.f, ref.solution.g, 0.1, V.double(), A.double(), P64.Y.x, "ieee"
     )

@@ -43,15 +43,15 @@ class EnvelopeGrad(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, y, a, b, grad_out, res, need_x, need_y, options):
-        problem = res.solution.problem
-        impl = res.solution.backend
+        sol = res.solution
+        problem, impl = sol.problem, sol.backend
         go = grad_out.detach().reshape(-1).to(problem.dtype)
         Gx = Gy = None
         if need_x:
-            Gx, _ = impl.transport_grad(problem.X, problem.Y, res.solution.f, res.solution.g, res.eps,
+            Gx, _ = impl.transport_grad(problem.X, problem.Y, sol.f, sol.g, res.eps,
                                         problem.precision)  # fmt: skip
         if need_y:
-            Gy, _ = impl.transport_grad(problem.Y, problem.X, res.solution.g, res.solution.f, res.eps,
+            Gy, _ = impl.transport_grad(problem.Y, problem.X, sol.g, sol.f, res.eps,
                                         problem.precision)  # fmt: skip
         ctx.res, ctx.options, ctx.Gx, ctx.Gy, ctx.go = res, options, Gx, Gy, go
         ctx.go_shape = grad_out.shape

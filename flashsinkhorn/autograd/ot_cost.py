@@ -30,7 +30,9 @@ def _weight_grad(res: SinkhornResult, side: str) -> torch.Tensor:
     """(B, n) gradient of the dual value w.r.t. the weights of one side (x: "X", y: "Y")."""
     problem = res.solution.problem
     R, Cs = (problem.X, problem.Y) if side == "X" else (problem.Y, problem.X)
-    pot, other = (res.solution.f, res.solution.g) if side == "X" else (res.solution.g, res.solution.f)
+    pot, other = (
+        (res.solution.f, res.solution.g) if side == "X" else (res.solution.g, res.solution.f)
+    )
     if problem.X.rho is None and problem.Y.rho is None:
         return pot
     eps = res.eps
@@ -84,7 +86,9 @@ class OTCostFunction(torch.autograd.Function):
 
             res = ctx.res
             grads = _first_order(ctx, x, y, a, b, grad_out, ctx.needs_input_grad)
-            grads = refuse_second_order((*grads, gW), (x, y, a, b, label_cost), res.solution.problem.cost)
+            grads = refuse_second_order(
+                (*grads, gW), (x, y, a, b, label_cost), res.solution.problem.cost
+            )
             return (*grads[:4], None, None, grads[4], None, None)
         gx, gy, ga, gb = _backward_sqeuclidean(ctx, x, y, a, b, grad_out)
         return gx, gy, ga, gb, None, None, gW, None, None

@@ -103,7 +103,8 @@ class _Loop:
     """
 
     def __init__(self, problem: Problem, impl, eps_list: list[float], debias: bool):
-        opts = SinkhornOptions(eps=eps_list[-1], n_iters=1, tol=None, schedule="symmetric")
+        opts = SinkhornOptions(eps=eps_list[-1], n_iters=1, tol=None, schedule="symmetric",
+                               acceleration="none", scaling=None)  # fmt: skip
         ladder = [eps_list[0], *eps_list]
 
         def run(pr):

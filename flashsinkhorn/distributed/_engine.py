@@ -260,8 +260,15 @@ class Sharded:
         self.X = centred_side(Xc, x.dtype, wa, opts.rho_x, self.precision, kscale, null_a)
         self.Y = centred_side(Yc, x.dtype, wb, opts.rho_y, self.precision, kscale, null_b)
         diameter = opts.diameter
-        if opts.scaling is not None and diameter is None:
+        wants_range = opts.scaling == "auto" and opts.tol is not None
+        if (wants_range or isinstance(opts.scaling, float)) and diameter is None:
             diameter = self.global_diameter(self.X.x, self.Y.x)
+        self.opts = opts = opts.resolve(diameter**2 if diameter else None)
+        if opts.acceleration == "anderson":
+            raise ValueError(
+                "acceleration='anderson' is not available for sharded solves (its mixing "
+                "needs inner products over every rank); use 'overrelax' or 'auto'"
+            )
         self.eps_list = eps_schedule(opts.eps, opts.scaling, diameter)
         self.payload_x = _payload(self.X)
         self.payload_y = _payload(self.Y)

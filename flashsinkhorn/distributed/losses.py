@@ -100,8 +100,11 @@ def ot_cost(
     n_iters: int = 1000,
     tol: float | None = 1e-3,
     check_every: int = 10,
-    schedule: str = "symmetric",
-    scaling: float | None = None,
+    schedule: str = "auto",
+    acceleration: str = "auto",
+    omega: float | None = None,
+    anderson_memory: int = 5,
+    scaling: float | str | None = "auto",
     diameter: float | None = None,
     rho_x: float | None = None,
     rho_y: float | None = None,
@@ -174,8 +177,11 @@ def sinkhorn_divergence(
     n_iters: int = 1000,
     tol: float | None = 1e-3,
     check_every: int = 10,
-    schedule: str = "symmetric",
-    scaling: float | None = None,
+    schedule: str = "auto",
+    acceleration: str = "auto",
+    omega: float | None = None,
+    anderson_memory: int = 5,
+    scaling: float | str | None = "auto",
     diameter: float | None = None,
     rho_x: float | None = None,
     rho_y: float | None = None,
@@ -202,7 +208,7 @@ def sinkhorn_divergence(
     """
     require_group(group)
     if scaling is not None and diameter is None:
-        V.check_scaling(scaling)
+        V.check_scaling(scaling, allow_auto=True)
         V.check_points("x_local", x_local)
         V.check_points("y_local", y_local)
         V.check_pair(x_local, y_local)

@@ -37,7 +37,7 @@ class DistributedSinkhornResult:
         rank: this process's rank in the group.
         world_size: number of ranks in the group.
         mode: "gather" or "ring".
-        schedule: "symmetric" or "alternating".
+        schedule: the schedule that ran, "symmetric" or "alternating".
         backend: "torch" or "triton".
         precision: dot-product precision used ("ieee", "tf32", "tf32x3").
     """
@@ -96,8 +96,11 @@ def sinkhorn(
     n_iters: int = 1000,
     tol: float | None = 1e-3,
     check_every: int = 10,
-    schedule: str = "symmetric",
-    scaling: float | None = None,
+    schedule: str = "auto",
+    acceleration: str = "auto",
+    omega: float | None = None,
+    anderson_memory: int = 5,
+    scaling: float | str | None = "auto",
     diameter: float | None = None,
     rho_x: float | None = None,
     rho_y: float | None = None,
@@ -134,8 +137,13 @@ def sinkhorn(
             ``n_iters`` iterations. Default 1e-3.
         check_every: iterations between two convergence tests, the only host
             synchronisations of the loop (one all-reduce each). Default 10.
-        schedule: "symmetric" (averaged Jacobi) or "alternating" (Gauss–Seidel).
-        scaling: None keeps eps fixed; a value in (0, 1) anneals eps from ``diameter²``.
+        schedule: as in :func:`flashsinkhorn.sinkhorn`. Default "auto".
+        acceleration: as in :func:`flashsinkhorn.sinkhorn`, except that "anderson" is not
+            available (its least squares would need inner products over every rank); the
+            adaptive over-relaxation reads the global errors of the convergence tests.
+        omega: as in :func:`flashsinkhorn.sinkhorn`. Default None (adaptive).
+        anderson_memory: accepted for a uniform signature; Anderson mixing is not available.
+        scaling: as in :func:`flashsinkhorn.sinkhorn`. Default "auto".
         diameter: largest distance between points for annealing; None estimates it from the
             global bounding box.
         rho_x: KL relaxation strength of the x marginal (unbalanced OT); None is a hard

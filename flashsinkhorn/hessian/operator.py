@@ -20,6 +20,7 @@ from .joint import TransportHessian
 
 WRT = ("x", "y")
 
+
 @dataclass
 class HVPResult:
     """A Hessian–vector product and the diagnostics of the Schur solves behind it.

@@ -108,8 +108,11 @@ def class_distance_matrix(
     n_iters: int = 1000,
     tol: float | None = 1e-3,
     check_every: int = 10,
-    schedule: str = "symmetric",
-    scaling: float | None = None,
+    schedule: str = "auto",
+    acceleration: str = "auto",
+    omega: float | None = None,
+    anderson_memory: int = 5,
+    scaling: float | str | None = "auto",
     diameter: float | None = None,
     backend: str = "auto",
     precision: str = "auto",
@@ -151,9 +154,12 @@ def class_distance_matrix(
         tol: marginal-error tolerance of every class problem (a batch stops when all of its
             problems pass); None runs exactly ``n_iters`` iterations. Default 1e-3.
         check_every: iterations between convergence tests. Default 10.
-        schedule: "symmetric" or "alternating". Default "symmetric".
-        scaling: None (fixed eps) or an annealing factor in (0, 1); every class problem then
-            anneals from the same diameter. Default None.
+        schedule: as in :func:`flashsinkhorn.sinkhorn`. Default "auto".
+        acceleration: as in :func:`flashsinkhorn.sinkhorn`. Default "auto".
+        omega: as in :func:`flashsinkhorn.sinkhorn`. Default None (adaptive).
+        anderson_memory: as in :func:`flashsinkhorn.sinkhorn`. Default 5.
+        scaling: "auto" (default), None (fixed eps) or an annealing factor in (0, 1), as in
+            :func:`flashsinkhorn.sinkhorn`; every class problem starts from the same diameter.
         diameter: the annealing start; default None: the bounding-box diagonal of both
             datasets.
         backend: "auto", "torch" or "triton", as in :func:`flashsinkhorn.sinkhorn`.

@@ -25,8 +25,9 @@ from ._labels import (
 from .class_distance import class_distance_matrix
 
 _W_OPTIONS = (
-    "eps", "n_iters", "tol", "check_every", "schedule", "scaling", "diameter", "backend",
-    "precision", "check_finite", "max_batch_elements", "progress",
+    "eps", "n_iters", "tol", "check_every", "schedule", "acceleration", "omega",
+    "anderson_memory", "scaling", "diameter", "backend", "precision", "check_finite",
+    "max_batch_elements", "progress",
 )  # fmt: skip
 
 
@@ -74,8 +75,11 @@ def otdd_distance(
     n_iters: int = 1000,
     tol: float | None = 1e-3,
     check_every: int = 10,
-    schedule: str = "symmetric",
-    scaling: float | None = None,
+    schedule: str = "auto",
+    acceleration: str = "auto",
+    omega: float | None = None,
+    anderson_memory: int = 5,
+    scaling: float | str | None = "auto",
     diameter: float | None = None,
     backend: str = "auto",
     precision: str = "auto",
@@ -122,8 +126,11 @@ def otdd_distance(
         n_iters: iterations per solve (the maximum when ``tol`` is set). Default 1000.
         tol: marginal-error tolerance; None runs exactly ``n_iters`` iterations. Default 1e-3.
         check_every: iterations between convergence tests. Default 10.
-        schedule: "symmetric" or "alternating". Default "symmetric".
-        scaling: None or an eps-annealing factor in (0, 1). Default None.
+        schedule: as in :func:`flashsinkhorn.sinkhorn`. Default "auto".
+        acceleration: as in :func:`flashsinkhorn.sinkhorn`. Default "auto".
+        omega: as in :func:`flashsinkhorn.sinkhorn`. Default None (adaptive).
+        anderson_memory: as in :func:`flashsinkhorn.sinkhorn`. Default 5.
+        scaling: as in :func:`flashsinkhorn.sinkhorn`. Default "auto".
         diameter: annealing start; default None: estimated from both datasets.
         backend: "auto", "torch" or "triton". Default "auto".
         precision: "auto", "ieee", "tf32" or "tf32x3". Default "auto".

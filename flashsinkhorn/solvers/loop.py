@@ -28,6 +28,7 @@ import torch
 from ..backends.base import Backend
 from ..options import SinkhornOptions
 from ..problem import Problem
+from .acceleration import AdaptiveOmega, Anderson
 from .objective import side_error
 
 
@@ -51,14 +52,31 @@ class SolveState:
 _NEXT_PHASE = {"zero": "second", "second": "iterate", "iterate": "iterate"}
 
 
-def _weights(phase: str, plain: bool) -> tuple[float, float]:
+def _weights(phase: str, plain: bool, theta: float = 0.5) -> tuple[float, float]:
     """(alpha, w): the new potential is alpha · old + w · damping · T. The first iteration
-    from zero potentials and the extrapolation are plain updates, not averages."""
-    return (0.0, 1.0) if plain or phase == "zero" else (0.5, 0.5)
+    from zero potentials and the extrapolation are plain updates, not averages; ``theta`` is
+    the weight of the new soft-min (½ for the symmetric schedule, ω/2 over-relaxed)."""
+    return (0.0, 1.0) if plain or phase == "zero" else (1.0 - theta, theta)
 
 
-def _step(problem, backend, f, g, eps, schedule, phase, want_raw, plain=False):
-    """One iteration; returns (f, g, error of the input plan or None)."""
+def _relax(backend, rows, cols, col_pot, eps, old, lam, omega, want_raw, prec):
+    """The half-step ``(1 − ω) old + ω λ T`` (ω = 1: the plain soft-min). A scalar ω is fused
+    into the kernel's epilogue; a per-problem ω (a (B, 1) tensor) mixes afterwards."""
+    if not isinstance(omega, torch.Tensor):
+        return backend.softmin(rows, cols, col_pot, eps, old, 1.0 - omega, omega * lam,
+                               want_raw, prec)  # fmt: skip
+    new, raw = backend.softmin(rows, cols, col_pot, eps, old, 0.0, lam, want_raw, prec)
+    return torch.lerp(old, new, omega.to(new.dtype)), raw
+
+
+def _step(problem, backend, f, g, eps, schedule, phase, want_raw, plain=False, omega=1.0,
+          omega_g=None):  # fmt: skip
+    """One iteration; returns (f, g, error of the input plan or None).
+
+    ``omega`` over-relaxes (scalar or (B, 1) per problem); ``omega_g`` overrides it for the
+    alternating schedule's g half-step (1 before a convergence test, so that the column
+    marginal of the tested plan is exact).
+    """
     X, Y = problem.X, problem.Y
     lx, ly = X.damping(eps), Y.damping(eps)
     prec = problem.precision
@@ -69,15 +87,25 @@ def _step(problem, backend, f, g, eps, schedule, phase, want_raw, plain=False):
         err = 2.0 * side_error(X, f, tf, eps) if want_raw else None
         return f_new, f_new, err
     if schedule == "symmetric" or plain:
-        alpha, w = _weights(phase, plain)
-        f_new, g_new, tf, tg = backend.symmetric_step(
-            X, Y, f, g, eps, alpha, w * lx, w * ly, want_raw, prec, phase=phase
-        )
+        if isinstance(omega, torch.Tensor) and not (plain or phase == "zero"):
+            f_lam, g_lam, tf, tg = backend.symmetric_step(
+                X, Y, f, g, eps, 0.0, lx, ly, want_raw, prec, phase=phase
+            )
+            theta = (0.5 * omega).to(f_lam.dtype)
+            f_new, g_new = torch.lerp(f, f_lam, theta), torch.lerp(g, g_lam, theta)
+        else:
+            theta = 0.5 * omega if not isinstance(omega, torch.Tensor) else 0.5
+            alpha, w = _weights(phase, plain, theta)
+            f_new, g_new, tf, tg = backend.symmetric_step(
+                X, Y, f, g, eps, alpha, w * lx, w * ly, want_raw, prec, phase=phase
+            )
         err = side_error(X, f, tf, eps) + side_error(Y, g, tg, eps) if want_raw else None
         return f_new, g_new, err
-    f_new, tf = backend.softmin(X, Y, g, eps, f, 0.0, lx, want_raw, prec)
-    g_new, _ = backend.softmin(Y, X, f_new, eps, g, 0.0, ly, False, prec)
-    # The input g was the soft-min of the input f, so the column marginal was exact.
+    wf = 1.0 if phase == "zero" else omega
+    wg = wf if omega_g is None else omega_g
+    f_new, tf = _relax(backend, X, Y, g, eps, f, lx, wf, want_raw, prec)
+    g_new, _ = _relax(backend, Y, X, f_new, eps, g, ly, wg, False, prec)
+    # The input g was the plain soft-min of the input f, so the column marginal was exact.
     err = side_error(X, f, tf, eps) if want_raw else None
     return f_new, g_new, err
 
@@ -115,14 +143,17 @@ def solve(
         problem: canonical problem (``problem.X is problem.Y`` for a self problem).
         backend: soft-min implementation.
         eps_list: eps of each annealing iteration; the last value is the target eps.
-        opts: reads ``n_iters`` (iterations at the target eps, the maximum when ``tol`` is
-            given), ``tol`` (stop once the marginal error of every problem in the batch is
-            <= tol; None runs exactly ``n_iters``), ``check_every`` and ``schedule``.
+        opts: resolved options (``engine.resolve_schedule``); the loop reads ``n_iters``
+            (iterations at the target eps, the maximum when ``tol`` is given), ``tol`` (stop
+            once the marginal error of every problem in the batch is <= tol; None runs
+            exactly ``n_iters``), ``check_every``, ``schedule`` ("symmetric" or
+            "alternating"), ``acceleration`` ("none", "overrelax" or "anderson"), ``omega``
+            and ``anderson_memory``.
         init: optional warm-start potentials ((B, n), (B, m)).
         extrapolate: end with one plain update and return the previous potentials too.
     """
     X, Y = problem.X, problem.Y
-    schedule, tol = opts.schedule, opts.tol
+    schedule = opts.schedule
     if init is None:
         f = torch.zeros_like(X.sq)
         g = f if X is Y else torch.zeros_like(Y.sq)
@@ -136,25 +167,103 @@ def solve(
         phase = _NEXT_PHASE[phase]
         done += 1
     eps = eps_list[-1]
-    errors: list[tuple[int, float]] = []
-    converged, err = False, None
-    for k in range(opts.n_iters):
-        check = tol is not None and k > 0 and k % opts.check_every == 0
-        f_new, g_new, err = _step(problem, backend, f, g, eps, schedule, phase, check)
-        phase = _NEXT_PHASE[phase]
-        if check:
-            err = backend.reduce_error(err)
-            worst = float(err.max())
-            errors.append((done, worst))
-            if worst <= tol:
-                converged = True
-                break
-        err = None
-        f, g = f_new, g_new
-        done += 1
+    accel = "none" if X is Y else opts.acceleration
+    if accel == "anderson":
+        run = _run_anderson
+    else:
+        run = _run_plain
+    f, g, done, converged, err, errors = run(problem, backend, f, g, eps, opts, phase, done)
     if extrapolate:
         # The plain update sets every potential, zero-weight points included.
         f_new, g_new, _ = _step(problem, backend, f, g, eps, schedule, "iterate", False, True)
         return SolveState(f_new, g_new, eps, done, converged, None, errors, f, g)
     f, g = _settle_null_points(problem, backend, f, g, eps)
     return SolveState(f, g, eps, done, converged, err if converged else None, errors)
+
+
+def _is_check(opts: SinkhornOptions, k: int) -> bool:
+    return opts.tol is not None and k > 0 and k % opts.check_every == 0
+
+
+def _run_plain(problem, backend, f, g, eps, opts, phase, done):
+    """The schedule's iteration, over-relaxed with ``opts.acceleration == "overrelax"``."""
+    schedule, tol = opts.schedule, opts.tol
+    relax = None
+    if opts.acceleration == "overrelax":
+        relax = AdaptiveOmega(problem.B, schedule, opts.omega)
+    errors: list[tuple[int, float]] = []
+    converged, err, last_check = False, None, done
+    for k in range(opts.n_iters):
+        check = _is_check(opts, k)
+        omega, omega_g = 1.0, None
+        if relax is not None:
+            common = relax.uniform()
+            omega = common if common is not None else relax.tensor(f)
+            if schedule == "alternating" and _is_check(opts, k + 1):
+                omega_g = 1.0
+        f_new, g_new, err = _step(problem, backend, f, g, eps, schedule, phase, check,
+                                  omega=omega, omega_g=omega_g)  # fmt: skip
+        phase = _NEXT_PHASE[phase]
+        if check:
+            err = backend.reduce_error(err)
+            per = err.tolist()
+            worst = max(per)
+            errors.append((done, worst))
+            if worst <= tol:
+                converged = True
+                break
+            if relax is not None:
+                relax.update(per, done - last_check)
+            last_check = done
+        err = None
+        f, g = f_new, g_new
+        done += 1
+    return f, g, done, converged, err, errors
+
+
+def _run_anderson(problem, backend, f, g, eps, opts, phase, done):
+    """Anderson mixing of the schedule's fixed-point map. Alternating: the iterate is g and
+    the map g ↦ λ_y T(λ_x T(g)) (f follows from g, so the row marginal is exact); symmetric:
+    the iterate is (f, g) and the map is one averaged step. Every iteration measures the
+    error of its input plan (the soft-mins give it for free) for the safeguard."""
+    X, Y = problem.X, problem.Y
+    prec, tol = problem.precision, opts.tol
+    lx, ly = X.damping(eps), Y.damping(eps)
+    alternating = opts.schedule == "alternating"
+    balanced = X.rho is None and Y.rho is None
+    if alternating:
+        # (The first iteration, with no history, is the plain alternating step.)
+        mixer = Anderson(g, opts.anderson_memory, Y.w if balanced else None)
+    else:
+        mixer = Anderson(torch.cat([f, g], -1), opts.anderson_memory)
+    n = f.shape[-1]
+    errors: list[tuple[int, float]] = []
+    converged, err = False, None
+    for k in range(opts.n_iters):
+        if alternating:
+            f, _ = backend.softmin(X, Y, g, eps, f, 0.0, lx, False, prec)
+            g_img, tg = backend.softmin(Y, X, f, eps, g, 0.0, ly, True, prec)
+            err = side_error(Y, g, tg, eps)
+        else:
+            f_img, g_img, tf, tg = backend.symmetric_step(
+                X, Y, f, g, eps, 0.5, 0.5 * lx, 0.5 * ly, True, prec, phase=phase
+            )
+            phase = _NEXT_PHASE[phase]
+            err = side_error(X, f, tf, eps) + side_error(Y, g, tg, eps)
+        if _is_check(opts, k):
+            err = backend.reduce_error(err)
+            worst = float(err.max())
+            errors.append((done, worst))
+            if worst <= tol:
+                converged = True
+                break
+        if alternating:
+            g = mixer.step(g, g_img, err)
+        else:
+            u = mixer.step(torch.cat([f, g], -1), torch.cat([f_img, g_img], -1), err)
+            f, g = u[..., :n], u[..., n:]
+        done += 1
+    if not converged and alternating:
+        # The returned plan is (λ_x T(g), g): its row marginal is exact.
+        f, _ = backend.softmin(X, Y, g, eps, f, 0.0, lx, False, prec)
+    return f, g, done, converged, err, errors
