@@ -48,7 +48,8 @@ Protocol
   - ours: ``ours-default`` is ``flashsinkhorn.sinkhorn(x, y, a, b, eps=eps, tol=1e-3)``
     (the default call); ``ours-symmetric`` / ``ours-alternating`` (fixed eps, no
     acceleration), ``ours-alt-anneal0.7`` (alternating, eps annealed by 0.7),
-    ``ours-overrelax`` and ``ours-anderson`` (alternating, fixed eps).
+    ``ours-overrelax`` and ``ours-anderson`` (alternating, fixed eps), and
+    ``ours-anderson-auto-anneal`` (Anderson with the default's annealing rule).
   - OTT-JAX 0.6 (``ott``): ``PointCloud`` + ``LinearProblem`` + ``Sinkhorn(threshold=1e-3)``,
     ``jax.jit``, TF32 matmuls, zero initial potentials (its default initializer), its
     default test every 10 iterations on the L1 norm (``norm_error=1``): in the balanced
@@ -117,8 +118,9 @@ OUR_METHODS = {
     "ours-symmetric": dict(schedule="symmetric", acceleration="none", scaling=None),
     "ours-alternating": dict(schedule="alternating", acceleration="none", scaling=None),
     "ours-alt-anneal0.7": dict(schedule="alternating", acceleration="none", scaling=0.7),
-    "ours-overrelax": dict(schedule="alternating", acceleration="overrelax"),
+    "ours-overrelax": dict(schedule="alternating", acceleration="overrelax", scaling=None),
     "ours-anderson": dict(schedule="alternating", acceleration="anderson", scaling=None),
+    "ours-anderson-auto-anneal": dict(schedule="alternating", acceleration="anderson"),
 }
 OTT_METHODS = ("ott-default", "ott-momentum1.5", "ott-anderson5")
 

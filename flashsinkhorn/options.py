@@ -179,7 +179,10 @@ class SinkhornOptions:
             raise TypeError(f"check_finite must be a bool, got {type(check_finite).__name__}")
         if cost_kw and x is None:
             raise TypeError("cost options need the point clouds to be checked against")
-        spec = CostSpec() if x is None else check_cost(x, y, **cost_kw)
+        if x is None or all(_is_default(k, v) for k, v in cost_kw.items()):
+            spec = _DEFAULT_COST  # nothing to check against the clouds
+        else:
+            spec = check_cost(x, y, **cost_kw)
         return cls(
             eps=V.check_positive("eps", kw["eps"]),
             n_iters=V.check_int("n_iters", s["n_iters"], 1),
@@ -215,6 +218,8 @@ class SinkhornOptions:
         Args:
             scale: largest cost of the problem (None: unknown, no annealing is chosen).
         """
+        if "auto" not in (self.schedule, self.acceleration, self.scaling):
+            return self
         fixed = self.tol is None
         schedule = self.schedule
         if schedule == "auto":
@@ -240,6 +245,16 @@ class SinkhornOptions:
     def solver_kwargs(self) -> dict:
         """The solver settings as keyword arguments (``SOLVER_DEFAULTS`` keys and ``eps``)."""
         return {"eps": self.eps, **{k: getattr(self, k) for k in SOLVER_DEFAULTS}}
+
+
+_DEFAULT_COST = CostSpec()
+
+
+def _is_default(key: str, value: object) -> bool:
+    default = COST_DEFAULTS[key]
+    if default is None:
+        return value is None
+    return type(value) is type(default) and value == default
 
 
 def _check_omega(omega: object) -> float | None:

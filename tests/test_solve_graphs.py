@@ -15,6 +15,7 @@ import torch
 import flashsinkhorn as fs
 from flashsinkhorn.backends.torch_ref import TorchBackend
 from flashsinkhorn.backends.triton import TritonBackend
+from flashsinkhorn.options import SinkhornOptions
 from flashsinkhorn.problem import prepare
 from flashsinkhorn.solvers import graphs
 from flashsinkhorn.solvers.loop import solve
@@ -147,11 +148,11 @@ def test_not_graphed_with_tolerance_warm_start_or_dense_path():
     graphs.clear()
     p = _problem("cuda", precision="ieee")
     for _ in range(3):
-        solve(p, TritonBackend(), eps_list=[0.1], n_iters=5, tol=1e-3, check_every=2,
-              schedule="symmetric")  # fmt: skip
+        opts = SinkhornOptions(eps=0.1, n_iters=5, tol=1e-3, check_every=2,
+                               schedule="symmetric", acceleration="none")  # fmt: skip
+        solve(p, TritonBackend(), [0.1], opts)
         init = (torch.zeros_like(p.X.sq), torch.zeros_like(p.Y.sq))
-        solve(p, TritonBackend(), eps_list=[0.1], n_iters=5, tol=None, check_every=2,
-              schedule="symmetric", init=init)  # fmt: skip
+        solve(p, TritonBackend(), [0.1], opts.replace(tol=None), init=init)
         fs.sinkhorn(torch.rand(2, 40, 300, device="cuda"), torch.rand(2, 30, 300, device="cuda"),
                     eps=0.5, n_iters=3, tol=None, path="dense")  # fmt: skip
     assert graphs.stats() == {"captured": 0, "failed": 0, "replayed": 0}
