@@ -339,7 +339,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda"):
-        torch.backends.cuda.matmul.allow_tf32 = True  # the reference's cdist, as in the bench protocol
+        # the reference's cdist, as in the bench protocol
+        torch.backends.cuda.matmul.allow_tf32 = True
         name = torch.cuda.get_device_name(0)
     else:
         name = "cpu"
