@@ -27,6 +27,9 @@ class Tuning:
         solve_graphs: capture fixed-iteration solves on CUDA as graphs and replay them
             (solvers/graphs.py). False: every launch from Python.
         max_solve_graphs: graphs kept by that cache (least recently used evicted).
+        tolerance_graphs: with a tolerance on CUDA, replay the blocks of iterations between
+            two convergence tests from a CUDA graph captured once per solve
+            (solvers/blocks.py). False: every launch from Python.
         cg_graphs: capture the conjugate-gradient blocks of the HVP as CUDA graphs.
         prepare_path: where the canonical problem is computed: "auto" (Triton launches for
             float32 CUDA clouds, torch otherwise), "triton" (also on CPU under the
@@ -52,6 +55,7 @@ class Tuning:
 
     solve_graphs: bool = True
     max_solve_graphs: int = 16
+    tolerance_graphs: bool = True
     cg_graphs: bool = True
     prepare_path: str = "auto"
     prepare_graphs: bool = True

@@ -4,6 +4,8 @@ import pytest
 import torch
 
 import flashsinkhorn as fs
+from flashsinkhorn import tuning
+from flashsinkhorn.solvers import blocks
 
 pytestmark = pytest.mark.gpu
 
@@ -56,3 +58,26 @@ def test_tf32_flag_restored():
     x = torch.rand(300, 8, device="cuda")
     fs.sinkhorn(x, x + 0.1, eps=0.1, backend="torch", precision="tf32")
     assert torch.backends.cuda.matmul.allow_tf32 == saved
+
+
+@pytest.mark.parametrize(
+    "schedule,acceleration",
+    [("alternating", "overrelax"), ("alternating", "none"), ("symmetric", "none")],
+)
+def test_tolerance_blocks_replayed_from_graphs_match_eager(schedule, acceleration):
+    # With a tolerance on CUDA the blocks between two tests are replayed from a CUDA graph;
+    # the solve must be the eager solve (same iterations, same plan up to rounding).
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(1537, 17, generator=g).cuda()
+    y = torch.rand(1211, 17, generator=g).cuda()
+    kw = dict(eps=0.01, tol=1e-4, n_iters=5000, schedule=schedule, acceleration=acceleration,
+              scaling=None, precision="ieee")  # fmt: skip
+    with tuning.override(tolerance_graphs=False):
+        ref = fs.sinkhorn(x, y, **kw)
+    before = blocks.stats()["replayed"]
+    got = fs.sinkhorn(x, y, **kw)
+    assert blocks.stats()["replayed"] > before
+    assert got.converged and ref.converged
+    assert float(got.marginal_error) <= 1e-4
+    assert abs(got.n_iters - ref.n_iters) <= 10  # at most one test window apart
+    assert abs(float(got.value) - float(ref.value)) <= 1e-5 * abs(float(ref.value))
