@@ -59,7 +59,7 @@ def solve_points(
             sides=prepare_sides(x, y),
         )  # fmt: skip
         impl = select_path(impl, problem, opts.path)
-        opts, eps_list = schedule_for(problem, opts)
+        opts, eps_list = schedule_for(problem, opts, gpu=impl.name == "triton")
 
         def run():
             st = solve(problem, impl, eps_list, opts)
@@ -92,12 +92,14 @@ def solve_points(
     )
 
 
-def schedule_for(problem, opts: SinkhornOptions, *, diameter=None):
+def schedule_for(problem, opts: SinkhornOptions, *, diameter=None, gpu: bool = False):
     """The options with "auto" resolved for this problem, and its eps ladder.
 
     The cost's range that the rule and the ladder start from is diameter^p (+ the largest
     label cost), p = 2 for the squared Euclidean cost and 1 for the euclidean one; the
     diameter is ``opts.diameter``, else ``diameter``, else the bounding box of both clouds.
+    ``gpu``: the backend streams the scores on a GPU (the choice of acceleration weighs an
+    iteration's launches against its kernels).
     """
     wants_range = opts.scaling == "auto" and opts.tol is not None
     wants_range = wants_range or isinstance(opts.scaling, float)
@@ -109,7 +111,8 @@ def schedule_for(problem, opts: SinkhornOptions, *, diameter=None):
     scale = diameter**power + offset if diameter else None
     if scale is not None and not math.isfinite(scale):
         scale = diameter = None  # non-finite points (check_finite=False): no ladder
-    opts = opts.resolve(scale)
+    work = problem.B * problem.X.n * problem.Y.n if gpu else None
+    opts = opts.resolve(scale, work)
     return opts, eps_schedule(opts.eps, opts.scaling, diameter, power, offset)
 
 

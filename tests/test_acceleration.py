@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import flashsinkhorn as fs
-from flashsinkhorn.options import SinkhornOptions
+from flashsinkhorn.options import ANDERSON_MIN_WORK, SinkhornOptions
 from flashsinkhorn.solvers.acceleration import OMEGA_START, AdaptiveOmega, Anderson
 from flashsinkhorn.solvers.objective import marginal_error
 
@@ -185,6 +185,8 @@ def test_auto_resolves_by_tolerance_and_eps():
     assert (r.schedule, r.acceleration, r.scaling) == ("alternating", "overrelax", None)
     assert base.resolve(scale=100.0).scaling == 0.5
     assert base.resolve(scale=1e6).scaling == 0.7
+    assert base.resolve(scale=1.0, work=10**8).acceleration == "overrelax"
+    assert base.resolve(scale=1.0, work=ANDERSON_MIN_WORK).acceleration == "anderson"
     fixed = SinkhornOptions.build(eps=0.01, tol=None).resolve(scale=1e6)
     assert (fixed.schedule, fixed.acceleration, fixed.scaling) == ("symmetric", "none", None)
     sym = SinkhornOptions.build(eps=0.01, schedule="symmetric").resolve(scale=1.0)

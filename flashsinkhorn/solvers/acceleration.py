@@ -60,6 +60,7 @@ class AdaptiveOmega:
         self._prev: list[float | None] = [None] * batch
         self._rates: list[list[float]] = [[] for _ in range(batch)]
         self._window_omega = list(self.omega)
+        self._tensor = None
 
     def uniform(self) -> float | None:
         """The common ω when every problem has the same one (scalar kernel arguments)."""
@@ -116,8 +117,12 @@ class AdaptiveOmega:
         self.omega[i] = max(omega, self._target(i, kappa))
 
     def tensor(self, like: torch.Tensor) -> torch.Tensor:
-        """(B, 1) ω on the device of ``like``."""
-        return torch.tensor(self.omega, dtype=like.dtype, device=like.device)[:, None]
+        """(B, 1) ω on the device of ``like`` (copied there again only after ω changed)."""
+        key = (tuple(self.omega), like.dtype, like.device)
+        if self._tensor is None or self._tensor[0] != key:
+            t = torch.tensor(self.omega, dtype=like.dtype, device=like.device)[:, None]
+            self._tensor = (key, t)
+        return self._tensor[1]
 
 
 class Anderson:
