@@ -148,7 +148,7 @@ def solve(
         problem: canonical problem (``problem.X is problem.Y`` for a self problem).
         backend: soft-min implementation.
         eps_list: eps of each annealing iteration; the last value is the target eps.
-        opts: resolved options (``engine.resolve_schedule``); the loop reads ``n_iters``
+        opts: resolved options (``SinkhornOptions.resolve``); the loop reads ``n_iters``
             (iterations at the target eps, the maximum when ``tol`` is given), ``tol`` (stop
             once the marginal error of every problem in the batch is <= tol; None runs
             exactly ``n_iters``), ``check_every``, ``schedule`` ("symmetric" or
@@ -198,10 +198,11 @@ def _run_plain(problem, backend, f, g, eps, opts, phase, done):
     if opts.acceleration == "overrelax":
         relax = AdaptiveOmega(problem.B, schedule, opts.omega)
     errors: list[tuple[int, float]] = []
-    state = {"converged": False, "last": done}
+    state = {"converged": False, "last": done, "err": None}
 
     def test(err) -> bool:
-        err = backend.reduce_error(err)
+        # the error of the whole problem (a sharded backend reduces it over its ranks)
+        err = state["err"] = backend.reduce_error(err)
         per = err.tolist()
         worst = max(per)
         errors.append((done, worst))
@@ -254,7 +255,7 @@ def _run_plain(problem, backend, f, g, eps, opts, phase, done):
         f, g = f_new, g_new
         done += 1
         k += 1
-    return f, g, done, state["converged"], err, errors
+    return f, g, done, state["converged"], state["err"], errors
 
 
 def _run_anderson(problem, backend, f, g, eps, opts, phase, done):
