@@ -21,7 +21,8 @@ def solve(x, y, a, b, eps, rho_x=None, rho_y=None, iters=20000, tol=1e-13):
     C = cost(x, y)
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)
-    la, lb = np.log(a), np.log(b)
+    with np.errstate(divide="ignore"):  # zero weights: log-weight -inf, as intended
+        la, lb = np.log(a), np.log(b)
     lam_x = 1.0 if rho_x is None else rho_x / (rho_x + eps)
     lam_y = 1.0 if rho_y is None else rho_y / (rho_y + eps)
     f = np.zeros(len(a))
