@@ -7,8 +7,8 @@ task; the torch path on the CPU, the fused Triton kernels on CUDA:
     python examples/mhc_transformer.py            # 20 steps, dim 64, seq 32, batch 8
     python examples/mhc_transformer.py --quick    # 5 steps, dim 32, seq 16, batch 4
 
-Measured on a shared 2-core CPU: 3.6 s with the defaults, 3.3 s with ``--quick``. Without
-triton installed ``flashsinkhorn.mhc`` does not import yet (it imports Triton at module level).
+Measured on a shared 2-core CPU: 3.6 s with the defaults, 3.3 s with ``--quick``. The CPU run
+needs no Triton (``flashsinkhorn.mhc`` imports its kernels on first use on CUDA).
 """
 
 from __future__ import annotations

@@ -31,14 +31,42 @@ Implementation switches (:mod:`flashsinkhorn.tuning`, read when a forward runs):
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+
 import torch
 
 from .._triton_launch import FP_FUSION, cdiv, cuda_sm_count, next_pow2
 from ..tuning import TUNING
-from . import layer_kernels as K
 from .reference import HyperConnectionReference
 from .sinkhorn import sinkhorn_knopp
-from .sk_triton import sk_backward_triton, sk_forward_triton
+
+
+class _OnFirstUse:
+    """A module of Triton kernels, imported when first used: the torch path of the layer (and
+    a machine without Triton) never imports Triton."""
+
+    def __init__(self, name: str):
+        self._name, self._module = name, None
+
+    def __getattr__(self, attr: str):
+        if self._module is None:
+            self._module = importlib.import_module(self._name, __package__)
+        return getattr(self._module, attr)
+
+
+K = _OnFirstUse(".layer_kernels")
+_SK = _OnFirstUse(".sk_triton")
+
+
+def _has_triton() -> bool:
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+_HAS_TRITON = _has_triton()
 
 __all__ = ["HyperConnection"]
 
@@ -131,7 +159,7 @@ class _HCPre(torch.autograd.Function):
             num_warps=4,
             **FP_FUSION,
         )
-        h_res = sk_forward_triton(res_logits, n_iters, variant, eps)
+        h_res = _SK.sk_forward_triton(res_logits, n_iters, variant, eps)
         u = torch.empty((T, C), device=dev, dtype=x.dtype)
         BC = min(1024, next_pow2(C))
         K._hc_premix_kernel[(T, cdiv(C, BC))](x, coef, u, n, C, NS=NS, BC=BC, **FP_FUSION)
@@ -163,7 +191,9 @@ class _HCPre(torch.autograd.Function):
         if dh_post is not None:
             dz[:, n : 2 * n] = dh_post.float() * h_post * (1.0 - 0.5 * h_post)
         if dh_res is not None:
-            g = sk_backward_triton(res_logits, dh_res.float().contiguous(), n_iters, variant, eps)
+            g = _SK.sk_backward_triton(
+                res_logits, dh_res.float().contiguous(), n_iters, variant, eps
+            )
             dz[:, 2 * n : N] = g.reshape(T, n * n)
         col = torch.arange(NP, device=dev)
         alpha = torch.where(
@@ -384,6 +414,7 @@ class HyperConnection(HyperConnectionReference):
         n = self.n_streams
         return (
             x.is_cuda
+            and _HAS_TRITON
             and n * n + 2 * n <= 64
             and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
         )
