@@ -157,7 +157,7 @@ class SinkhornOptions:
         y: torch.Tensor | None = None,
         *,
         hvp_options: object = None,
-        **kw,
+        **kw: object,
     ) -> SinkhornOptions:
         """Validates keyword options; the cost arguments are checked against ``x`` and ``y``.
 
