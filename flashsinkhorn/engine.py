@@ -9,6 +9,7 @@ none of them imports the public layer.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
@@ -16,7 +17,7 @@ from . import _validation as V
 from .backends import kernel_costs, resolve_backend, select_path
 from .backends.sides import prepare_sides
 from .options import SinkhornOptions
-from .problem import prepare
+from .problem import Problem, prepare, stack_sides, stackable
 from .result import SinkhornResult
 from .solvers import SolveState, dual_value, eps_schedule, estimate_diameter, graphs, solve
 
@@ -27,6 +28,55 @@ def resolve_precision(precision: str, backend_name: str, dtype: torch.dtype) -> 
     if precision != "auto":
         return precision
     return "tf32" if backend_name == "triton" and dtype == torch.float32 else "ieee"
+
+
+def _problem(x, y, a, b, opts: SinkhornOptions, sq_floor: float):
+    """The backend (its path chosen) and the canonical problem of transformed points."""
+    spec = opts.cost
+    impl = resolve_backend(opts.backend, x.device, x.dtype)
+    prec = resolve_precision(opts.precision, impl.name, x.dtype)
+    problem = prepare(
+        x, y, a, b, rho_x=opts.rho_x, rho_y=opts.rho_y, precision=prec,
+        check_finite=opts.check_finite, cost=spec.kernel_cost,
+        labels=spec.labels_for_prepare(), sq_floor=sq_floor,
+        sides=prepare_sides(x, y),
+    )  # fmt: skip
+    return select_path(impl, problem, opts.path), problem
+
+
+def _solve(problem, impl, eps_list, opts: SinkhornOptions) -> SinkhornResult:
+    """Runs the loop on a prepared problem (options resolved) and wraps the result."""
+
+    def run():
+        st = solve(problem, impl, eps_list, opts)
+        return st, dual_value(problem, st.f, st.g, st.eps, impl)
+
+    # A fixed number of iterations never synchronises: on CUDA the solve and its value may
+    # be replayed from a cached graph (solvers/graphs.py).
+    key = None
+    if opts.tol is None:
+        key = graphs.solve_key(problem, impl, eps_list, opts.n_iters, opts.schedule)
+    if key is None:
+        state, value = run()
+    else:
+        f, g, value = graphs.run(key, lambda: _tensors(*run()), problem.device)
+        n_done = len(eps_list) - 1 + opts.n_iters
+        state = SolveState(f, g, eps_list[-1], n_done, False, None)
+    return SinkhornResult(
+        problem=problem,
+        backend=impl,
+        f=state.f,
+        g=state.g,
+        value=value,
+        eps=state.eps,
+        n_iters=state.n_iters,
+        converged=state.converged,
+        marginal_error=state.marginal_error,
+        errors=state.errors,
+        # a self problem runs the averaged one-potential iteration (solvers/loop.py)
+        schedule="symmetric" if problem.X is problem.Y else opts.schedule,
+        acceleration="none" if problem.X is problem.Y else opts.acceleration,
+    )
 
 
 def solve_points(
@@ -48,47 +98,80 @@ def solve_points(
         opts: validated options; ``opts.cost`` supplies the kernel cost and the labels.
         sq_floor: floor of the squared distance under the euclidean cost's square root.
     """
-    spec = opts.cost
-    impl = resolve_backend(opts.backend, x.device, x.dtype)
-    prec = resolve_precision(opts.precision, impl.name, x.dtype)
     with torch.no_grad():
-        problem = prepare(
-            x, y, a, b, rho_x=opts.rho_x, rho_y=opts.rho_y, precision=prec,
-            check_finite=opts.check_finite, cost=spec.kernel_cost,
-            labels=spec.labels_for_prepare(), sq_floor=sq_floor,
-            sides=prepare_sides(x, y),
-        )  # fmt: skip
-        impl = select_path(impl, problem, opts.path)
+        impl, problem = _problem(x, y, a, b, opts, sq_floor)
         opts, eps_list = schedule_for(problem, opts, gpu=impl.name == "triton")
+        return _solve(problem, impl, eps_list, opts)
 
-        def run():
-            st = solve(problem, impl, eps_list, opts)
-            return st, dual_value(problem, st.f, st.g, st.eps, impl)
 
-        # A fixed number of iterations never synchronises: on CUDA the solve and its value may
-        # be replayed from a cached graph (solvers/graphs.py).
-        key = None
-        if opts.tol is None:
-            key = graphs.solve_key(problem, impl, eps_list, opts.n_iters, opts.schedule)
-        if key is None:
-            state, value = run()
-        else:
-            f, g, value = graphs.run(key, lambda: _tensors(*run()), problem.device)
-            n_done = len(eps_list) - 1 + opts.n_iters
-            state = SolveState(f, g, eps_list[-1], n_done, False, None)
+def solve_divergence(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    a: torch.Tensor | None,
+    b: torch.Tensor | None,
+    opts: SinkhornOptions,
+) -> tuple[SinkhornResult, SinkhornResult, SinkhornResult]:
+    """The three solves of the Sinkhorn divergence: OT(x, y), OT(x, x), OT(y, y).
+
+    One ``prepare`` serves all three (the self terms use the sides of the joint problem, so
+    they share its centring, operand scale and eps ladder). The self terms are *self
+    problems* of the loop: one potential, one soft-min per iteration (half the work of a
+    two-potential solve). When both clouds have the same size and relaxation, OT(x, x) and
+    OT(y, y) run as one batch of 2B self problems: one launch per iteration for both.
+
+    Args:
+        x, y, a, b: as in :func:`solve_points`.
+        opts: validated options. With labels the self terms use (label_x, label_x) and
+            (label_y, label_y) with the same label cost W; when W is not symmetric their
+            costs are not either, and they are solved as two-potential problems.
+
+    Returns:
+        The results of OT(x, y), OT(x, x) and OT(y, y), each with its own problem
+        (``problem.X is problem.Y`` for the self terms).
+    """
+    with torch.no_grad():
+        impl, problem = _problem(x, y, a, b, opts, 0.0)
+        opts, eps_list = schedule_for(problem, opts, gpu=impl.name == "triton")
+        xy = _solve(problem, impl, eps_list, opts)
+        X, Y = problem.X, problem.Y
+        if X.lcost is not None and not torch.equal(X.lcost, X.lcost.transpose(0, 1)):
+            # An asymmetric label cost makes the self terms' costs asymmetric: their plans are
+            # not symmetric and they keep two potentials (each side's lcost is oriented with
+            # its own labels first: X holds W, Y holds Wᵀ).
+            px = replace(problem, Y=replace(X, lcost=Y.lcost))
+            py = replace(problem, X=replace(Y, lcost=X.lcost))
+            return xy, _solve(px, impl, eps_list, opts), _solve(py, impl, eps_list, opts)
+        if Y.lcost is not None:
+            Y = replace(Y, lcost=X.lcost)  # W = Wᵀ: one object for both orientations
+        px = replace(problem, X=X, Y=X)
+        py = replace(problem, X=Y, Y=Y)
+        if not stackable([X, Y]):
+            return xy, _solve(px, impl, eps_list, opts), _solve(py, impl, eps_list, opts)
+        Z = stack_sides([X, Y])
+        centre = None if problem.centre is None else problem.centre.repeat(2, 1)
+        both = _solve(Problem(Z, Z, True, problem.precision, centre), impl, eps_list, opts)
+    return xy, *(_part(both, k, p) for k, p in ((0, px), (1, py)))
+
+
+def _part(res: SinkhornResult, k: int, problem: Problem) -> SinkhornResult:
+    """Problem ``k`` of the two stacked self terms, as a result of its own problem."""
+    B = problem.B
+    part = slice(k * B, (k + 1) * B)
+    sol = res.solution
+    err = res._error
     return SinkhornResult(
         problem=problem,
-        backend=impl,
-        f=state.f,
-        g=state.g,
-        value=value,
-        eps=state.eps,
-        n_iters=state.n_iters,
-        converged=state.converged,
-        marginal_error=state.marginal_error,
-        errors=state.errors,
-        schedule=opts.schedule,
-        acceleration=opts.acceleration,
+        backend=sol.backend,
+        f=sol.f[part],
+        g=sol.g[part],
+        value=res.value[part],
+        eps=res.eps,
+        n_iters=res.n_iters,
+        converged=res.converged,
+        marginal_error=None if err is None else err[part],
+        errors=res.errors,
+        schedule=res.schedule,
+        acceleration=res.acceleration,
     )
 
 
@@ -97,13 +180,16 @@ def schedule_for(problem, opts: SinkhornOptions, *, diameter=None, gpu: bool = F
 
     The cost's range that the rule and the ladder start from is diameter^p (+ the largest
     label cost), p = 2 for the squared Euclidean cost and 1 for the euclidean one; the
-    diameter is ``opts.diameter``, else ``diameter``, else the bounding box of both clouds.
+    diameter is ``opts.diameter``, else ``diameter``, else the bounding box of both clouds
+    (``problem.diameter``, the largest over a batch, read with prepare's value checks).
     ``gpu``: the backend streams the scores on a GPU (the choice of acceleration weighs an
     iteration's launches against its kernels).
     """
     wants_range = opts.scaling == "auto" and opts.tol is not None
     wants_range = wants_range or isinstance(opts.scaling, float)
     diameter = opts.diameter if opts.diameter is not None else diameter
+    if wants_range and diameter is None:
+        diameter = problem.diameter
     if wants_range and diameter is None:
         diameter = estimate_diameter(problem.X.x, problem.Y.x)
     power = kernel_costs.power(problem.cost)

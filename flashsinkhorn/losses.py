@@ -8,16 +8,14 @@ HVP of :mod:`flashsinkhorn.hessian`.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from . import _validation as V
 from .autograd import OTCostFunction
+from .autograd.divergence import DivergenceFunction
 from .costs import transform_points
-from .engine import solve_points
+from .engine import solve_divergence, solve_points
 from .options import SinkhornOptions, public_options
-from .solvers import estimate_diameter
 
 
 def _ot_cost_points(x, y, a, b, opts: SinkhornOptions) -> torch.Tensor:
@@ -113,10 +111,6 @@ def ot_cost(
                            opts)  # fmt: skip
 
 
-def _batched(t: torch.Tensor) -> torch.Tensor:
-    return t if t.dim() == 3 else t.unsqueeze(0)
-
-
 def sinkhorn_divergence(
     x: torch.Tensor,
     y: torch.Tensor,
@@ -170,18 +164,11 @@ def sinkhorn_divergence(
     opts = SinkhornOptions.build(x, y, hvp_options=hvp_options, **public_options(locals()))
     spec = opts.cost
     xt, yt = transform_points(x, spec), transform_points(y, spec)
-    if opts.scaling is not None and opts.diameter is None:
-        with torch.no_grad():
-            diameter = estimate_diameter(_batched(xt.detach()), _batched(yt.detach()))
-        finite = diameter > 0 and math.isfinite(diameter)
-        opts = opts.replace(diameter=diameter if finite else None)
+    terms = solve_divergence(xt, yt, a, b, opts)
+    div = DivergenceFunction.apply(
+        xt, yt, a, b, terms, opts.hvp, spec.label_cost, spec.label_weight, spec.is_default
+    )
     rho_x, rho_y = opts.rho_x, opts.rho_y
-    xy = _ot_cost_points(xt, yt, a, b, opts)
-    xx = _ot_cost_points(xt, xt, a, a, opts.replace(
-        rho_y=rho_x, cost=spec.with_labels(spec.label_x, spec.label_x)))  # fmt: skip
-    yy = _ot_cost_points(yt, yt, b, b, opts.replace(
-        rho_x=rho_y, cost=spec.with_labels(spec.label_y, spec.label_y)))  # fmt: skip
-    div = xy - 0.5 * (xx + yy)
     if rho_x is None and rho_y is None:
         return div
     # Unbalanced debiasing (Séjourné et al.): with the generalised KL in OT_eps, the two

@@ -80,6 +80,46 @@ class Side:
         return 1.0 if self.rho is None else 1.0 / (1.0 + eps / self.rho)
 
 
+def stackable(sides: list[Side]) -> bool:
+    """Whether sides can be concatenated along the batch (:func:`stack_sides`): the same
+    number of points, dtype, operand format and scale, relaxation, cost, and no label term."""
+    s0 = sides[0]
+    return all(
+        s.x.shape[1:] == s0.x.shape[1:]
+        and s.x.dtype == s0.x.dtype
+        and (s.xk is None) == (s0.xk is None)
+        and (s.xk is None or s.xk.shape[1:] == s0.xk.shape[1:])
+        and s.rho == s0.rho
+        and s.kscale == s0.kscale
+        and s.cost == s0.cost
+        and s.sq_floor == s0.sq_floor
+        and s.labels is None
+        for s in sides
+    )
+
+
+def stack_sides(sides: list[Side]) -> Side:
+    """The sides of several problems as one batch (B₁ + B₂ + …, n, d): one launch then
+    serves all of them (the terms of a divergence). Requires :func:`stackable`."""
+    if not stackable(sides):
+        raise ValueError("sides of different shapes, formats or costs cannot be stacked")
+
+    def cat(name):
+        ts = [getattr(s, name) for s in sides]
+        return None if ts[0] is None else torch.cat(ts, 0)
+
+    return replace(
+        sides[0],
+        x=cat("x"),
+        sq=cat("sq"),
+        w=cat("w"),
+        logw=cat("logw"),
+        xk=cat("xk"),
+        mean=cat("mean") if all(s.mean is not None for s in sides) else None,
+        has_null=any(s.has_null for s in sides),
+    )
+
+
 def side_mean(side: Side) -> torch.Tensor:
     """(B, d) weighted mean of a side's centred points: ``side.mean`` where ``prepare`` set it
     (no pass over the points), else computed from ``side.x``."""
@@ -104,6 +144,9 @@ class Problem:
     # (B, d) joint weighted mean subtracted from both clouds (potential dtype); maps results
     # that live in point space (barycentric map) back to the caller's coordinates.
     centre: torch.Tensor | None = None
+    #: Diagonal of the bounding box of both clouds (the largest over a batch), read with
+    #: ``prepare``'s value checks; None where they did not run.
+    diameter: float | None = None
 
     @property
     def B(self) -> int:
@@ -239,7 +282,8 @@ def prepare(
         sq_floor: floor of the squared distance of the euclidean cost.
         sides: a backend's implementation of the arithmetic (``backends.prepare_sides``):
             called as ``sides(X, Y, a, b, rho_x, rho_y, precision, checks)`` on the batched
-            clouds, it returns ``(side_x, side_y, centre)``; None uses torch operations.
+            clouds, it returns ``(side_x, side_y, centre, diameter)``; None uses torch
+            operations.
 
     Returns:
         The problem with centred points; the caller's tensors are not modified.
@@ -264,14 +308,18 @@ def prepare(
         1e-6 if pdtype == torch.float64 else 1e-4,
     )  # fmt: skip
     if sides is not None:
-        side_x, side_y, centre = sides(X, Y, a, b, rho_x, rho_y, precision, checks)
+        side_x, side_y, centre, diameter = sides(X, Y, a, b, rho_x, rho_y, precision, checks)
     else:
         wa = _weights(a, B, n, X, pdtype)
         wb = _weights(b, B, m, Y, pdtype)
-        side_x, side_y, centre = _prepare_torch(X, Y, wa, wb, rho_x, rho_y, precision, checks)
+        side_x, side_y, centre, diameter = _prepare_torch(
+            X, Y, wa, wb, rho_x, rho_y, precision, checks
+        )
     if cost != "sqeuclidean" or labels is not None:
         side_x, side_y = _with_cost(side_x, side_y, cost, labels, sq_floor, B, pdtype)
-    return Problem(side_x, side_y, batched, precision, centre)
+    if diameter is not None and not math.isfinite(diameter):
+        diameter = None
+    return Problem(side_x, side_y, batched, precision, centre, diameter)
 
 
 @dataclass(frozen=True)
@@ -359,10 +407,14 @@ def _prepare_torch(X, Y, wa, wb, rho_x, rho_y, precision, checks: Checks):
         stats.append(((ma - mb).abs() / torch.maximum(ma, mb)).max())
     if checks.amax:
         stats.append(torch.maximum(Xc.abs().max(), Yc.abs().max()))
+        hi = torch.maximum(Xc.amax(1), Yc.amax(1))
+        lo = torch.minimum(Xc.amin(1), Yc.amin(1))
+        stats.append((hi - lo).norm(dim=-1).max())
     vals = torch.stack([t.to(pdtype) for t in stats]).tolist() if stats else []
     wvals, rest = vals[: 3 * len(given)], vals[3 * len(given) :]
     per = {nm: wvals[3 * k : 3 * k + 3] for k, (nm, _, _) in enumerate(given)}
-    amax = rest[-1] if checks.amax else 0.0
+    amax = rest[-2] if checks.amax else 0.0
+    diameter = rest[-1] if checks.amax else None
     gap = rest[0] if checks.gap else 0.0
     check_values(per, gap, amax, checks, X, Y)
     # Zero-weight points (see Side.has_null).
@@ -372,7 +424,7 @@ def _prepare_torch(X, Y, wa, wb, rho_x, rho_y, precision, checks: Checks):
     kscale = kernel_scale(precision, amax) if scaled else 1.0
     side_x = centred_side(Xc, X.dtype, wa, rho_x, precision, kscale, null_a, mean_x)
     side_y = centred_side(Yc, X.dtype, wb, rho_y, precision, kscale, null_b, mean_y)
-    return side_x, side_y, centre
+    return side_x, side_y, centre, diameter
 
 
 def centred_side(

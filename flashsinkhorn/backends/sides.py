@@ -31,8 +31,8 @@ def prepare_sides(x: torch.Tensor, y: torch.Tensor) -> SidesFn | None:
 
 
 def triton_sides(X, Y, a, b, rho_x, rho_y, precision, checks: Checks):
-    """The sides and centre of float32 clouds (B, n, d), (B, m, d) in three Triton launches
-    and one synchronisation."""
+    """The sides, the centre and the diameter (``Problem.diameter``) of float32 clouds
+    (B, n, d), (B, m, d) in three Triton launches and one synchronisation."""
     from .triton import prepare as tp
 
     tp.precompile(X, Y, a, b, precision)
@@ -52,6 +52,7 @@ def triton_sides(X, Y, a, b, rho_x, rho_y, precision, checks: Checks):
                   for r in rows)  # fmt: skip
     amax = max(r[6] for r in rows) if checks.amax else 0.0
     check_values(per, gap, amax, checks, X, Y)
+    diameter = math.sqrt(max(r[9] for r in rows)) if checks.amax else None
     scaled = precision in ("tf32", "tf32x3")
     kscale = kernel_scale(precision, amax) if scaled else 1.0
     ox, oy = tp.run_sides(X, Y, a, b, centre, precision, kscale, outs)
@@ -61,4 +62,4 @@ def triton_sides(X, Y, a, b, rho_x, rho_y, precision, checks: Checks):
                   mean=ox["mean"])  # fmt: skip
     side_y = Side(oy["x"], oy["sq"], oy["w"], oy["logw"], rho_y, oy["xk"], kscale, null_b,
                   mean=oy["mean"])  # fmt: skip
-    return side_x, side_y, centre
+    return side_x, side_y, centre, diameter

@@ -37,14 +37,11 @@ def _side_key(side) -> tuple:
     return tuple(_field_key(getattr(side, f.name)) for f in dataclasses.fields(side))
 
 
-def solve_key(problem: Problem, backend, eps_list, n_iters: int, schedule: str) -> tuple | None:
-    """The cache key of a fixed-iteration solve, or None when it is not graphed (not CUDA, a
-    backend that holds state of its own, graphs off, or a capture of the caller's under way)."""
-    if not (
-        TUNING.solve_graphs
-        and problem.device.type == "cuda"
-        and getattr(type(backend), "graph_safe", False)
-    ):
+def _problem_key(problem: Problem, backend) -> tuple | None:
+    """What every launch of a solve depends on, or None when its launches are not graphed
+    (not CUDA, a backend that holds state of its own, or a capture of the caller's under
+    way)."""
+    if problem.device.type != "cuda" or not getattr(type(backend), "graph_safe", False):
         return None
     if torch.cuda.is_current_stream_capturing():
         return None
@@ -52,12 +49,27 @@ def solve_key(problem: Problem, backend, eps_list, n_iters: int, schedule: str) 
         type(backend),
         problem.precision,
         problem.batched,
+        problem.X is problem.Y,
         _side_key(problem.X),
         _side_key(problem.Y),
-        tuple(float(e) for e in eps_list),
-        int(n_iters),
-        schedule,
     )
+
+
+def solve_key(problem: Problem, backend, eps_list, n_iters: int, schedule: str) -> tuple | None:
+    """The cache key of a fixed-iteration solve, or None when it is not graphed (see
+    ``_problem_key``, or graphs off)."""
+    base = _problem_key(problem, backend) if TUNING.solve_graphs else None
+    if base is None:
+        return None
+    return (*base, tuple(float(e) for e in eps_list), int(n_iters), schedule)
+
+
+def block_key(problem: Problem, backend, eps: float, opts, relaxed: bool, phase: str):
+    """The cache key of a tolerance solve's block of iterations (``blocks.py``), or None."""
+    base = _problem_key(problem, backend)
+    if base is None:
+        return None
+    return (*base, float(eps), opts.schedule, opts.check_every, relaxed, phase)
 
 
 def run(key: tuple, solve: Callable[[], tuple[torch.Tensor, ...]], device) -> tuple:

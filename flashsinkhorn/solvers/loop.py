@@ -28,6 +28,7 @@ import torch
 from ..backends.base import Backend
 from ..options import SinkhornOptions
 from ..problem import Problem
+from . import blocks, graphs
 from .acceleration import AdaptiveOmega, Anderson
 from .blocks import GraphedBlock
 from .objective import side_error
@@ -52,6 +53,11 @@ class SolveState:
 #: Blocks of ``check_every`` iterations run eagerly before the rest are replayed from a graph
 #: (measured on an H100: a capture costs about as much as 10 eager iterations at 10k², d = 64).
 GRAPH_AFTER_BLOCKS = 4
+
+#: A self problem's averaged iteration contracts by about 2 per iteration (its linearisation
+#: has eigenvalues in [0, ½]; measured 0.35–0.45): its test comes every 3 iterations at most,
+#: so that it stops within a few iterations of reaching the tolerance.
+SELF_CHECK_EVERY = 3
 
 #: Where the next symmetric step stands (Backend.symmetric_step's ``phase``).
 _NEXT_PHASE = {"zero": "second", "second": "iterate", "iterate": "iterate"}
@@ -172,11 +178,14 @@ def solve(
         phase = _NEXT_PHASE[phase]
         done += 1
     eps = eps_list[-1]
-    accel = "none" if X is Y else opts.acceleration
-    if accel == "anderson":
-        run = _run_anderson
-    else:
+    run = _run_anderson if opts.acceleration == "anderson" else _run_plain
+    if X is Y:
         run = _run_plain
+        if opts.tol is not None:
+            opts = opts.replace(check_every=min(opts.check_every, SELF_CHECK_EVERY))
+        # (no over-relaxation: θ = 2/3, the best fixed weight for its linearisation, needs
+        # more iterations than θ = ½ to reach 1e-3 from zero potentials, measured)
+        opts = opts.replace(acceleration="none")
     f, g, done, converged, err, errors = run(problem, backend, f, g, eps, opts, phase, done)
     if extrapolate:
         # The plain update sets every potential, zero-weight points included.
@@ -192,7 +201,8 @@ def _is_check(opts: SinkhornOptions, k: int) -> bool:
 
 def _run_plain(problem, backend, f, g, eps, opts, phase, done):
     """The schedule's iteration, over-relaxed with ``opts.acceleration == "overrelax"``. On
-    CUDA the blocks between two tests are replayed from a CUDA graph (``blocks.py``)."""
+    CUDA the blocks of iterations that end at a test are replayed from a CUDA graph
+    (``blocks.py``)."""
     schedule, tol, every = opts.schedule, opts.tol, opts.check_every
     relax = None
     if opts.acceleration == "overrelax":
@@ -214,30 +224,29 @@ def _run_plain(problem, backend, f, g, eps, opts, phase, done):
         state["last"] = done
         return False
 
-    def block_step(f, g, want_raw, last, omega):
-        omega_g = 1.0 if relax is not None and schedule == "alternating" and last else None
-        return _step(problem, backend, f, g, eps, schedule, "iterate", want_raw,
+    def block_step(f, g, phase, want_raw, before_test, omega):
+        omega_g = 1.0 if relax is not None and schedule == "alternating" and before_test else None
+        return _step(problem, backend, f, g, eps, schedule, phase, want_raw,
                      omega=1.0 if omega is None else omega, omega_g=omega_g)  # fmt: skip
 
     graphed = GraphedBlock.possible(problem, backend, opts)
-    block = None
-    err = None
+    keys: dict[str, tuple | None] = {}
     k = 0
     while k < opts.n_iters:
         check = _is_check(opts, k)
-        # The first blocks run eagerly: they compile every kernel variant they launch, and a
-        # solve that ends within them would not repay a capture (a few ms).
-        if graphed and check and k >= GRAPH_AFTER_BLOCKS * every and k + every <= opts.n_iters:
-            omega_t = None if relax is None else relax.tensor(f)
-            if block is None:
-                block = GraphedBlock(block_step, f, g, every, omega_t)
-                graphed = block.graph is not None
-            if graphed:
-                f_new, g_new, err = block.run(f, g, omega_t)
+        # A block covers iterations k .. k + every − 1, the last one a test's.
+        if graphed and k % every == 1 and k + every <= opts.n_iters:
+            got = _graphed_block(problem, backend, eps, opts, relax, phase, keys, block_step,
+                                 f, g, k)  # fmt: skip
+            if got is not None:
+                f_t, g_t, f_new, g_new, err = got
+                done += every - 1
+                phase = "iterate"
                 if test(err):
+                    f, g = f_t, g_t
                     break
                 f, g = f_new, g_new
-                done += every
+                done += 1
                 k += every
                 continue
         omega, omega_g = 1.0, None
@@ -256,6 +265,37 @@ def _run_plain(problem, backend, f, g, eps, opts, phase, done):
         done += 1
         k += 1
     return f, g, done, state["converged"], state["err"], errors
+
+
+def _graphed_block(problem, backend, eps, opts, relax, phase, keys, block_step, f, g, k):
+    """Runs the block of iterations from ``k`` from a CUDA graph, or returns None (eager).
+
+    A block seen in an earlier solve (same key) is replayed, or captured now; a new one is
+    captured only after ``GRAPH_AFTER_BLOCKS`` eager blocks of this solve: they compile every
+    kernel variant the block launches, and a solve that ends within them would not repay a
+    capture (a few ms).
+    """
+    if phase not in keys:
+        key = graphs.block_key(problem, backend, eps, opts, relax is not None, phase)
+        recurring = key is not None and blocks.CACHE.known(key)
+        if key is not None and not recurring:
+            blocks.CACHE.see(key)
+        keys[phase] = (key, recurring)
+    key, recurring = keys[phase]
+    if key is None:
+        return None
+    block = blocks.CACHE.get(key)
+    if block is None:
+        if blocks.CACHE.failed(key):
+            return None
+        if not recurring and k <= GRAPH_AFTER_BLOCKS * opts.check_every:
+            return None
+        omega_t = None if relax is None else relax.tensor(f)
+        block = GraphedBlock(block_step, f, g, opts.check_every, omega_t, phase)
+        blocks.CACHE.put(key, block)
+        if block.graph is None:
+            return None
+    return block.run(f, g, None if relax is None else relax.tensor(f))
 
 
 def _run_anderson(problem, backend, f, g, eps, opts, phase, done):
