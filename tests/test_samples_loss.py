@@ -36,8 +36,9 @@ def _rel(u, v):
 @pytest.mark.parametrize("blur", [0.05, 0.5])
 @pytest.mark.parametrize("scaling", [0.5, 0.9])
 @pytest.mark.parametrize("reach", [None, 1.0])
-def test_parity_with_geomloss(B, blur, scaling, reach):
-    args = _data(B)
+@pytest.mark.parametrize("m", [10, 13])  # m = n: the two self terms run as one batch
+def test_parity_with_geomloss(B, blur, scaling, reach, m):
+    args = _data(B, m=m)
     (v1, g1), (v2, g2) = _both(dict(blur=blur, scaling=scaling, reach=reach), args)
     assert v2.shape == v1.shape
     assert _rel(v2, v1) < 1e-6

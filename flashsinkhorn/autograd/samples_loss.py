@@ -30,7 +30,7 @@ import torch
 from ..backends import resolve_backend
 from ..engine import resolve_precision
 from ..options import SinkhornOptions
-from ..problem import Problem, prepare
+from ..problem import Problem, prepare, stack_sides, stackable
 from ..solvers import estimate_diameter, geometric_ladder, solve
 from .guard import guard_second_order
 
@@ -114,9 +114,18 @@ class _Loop:
         self.f, self.g, self.f_old, self.g_old = st.f, st.g, st.f_prev, st.g_prev
         self.debias = debias
         if debias:
-            sx = run(replace(problem, Y=problem.X))
-            sy = run(replace(problem, X=problem.Y))
-            self.p, self.p_old, self.q, self.q_old = sx.f, sx.f_prev, sy.f, sy.f_prev
+            X, Y = problem.X, problem.Y
+            if stackable([X, Y]):
+                # both self problems in one batch: one launch per iteration for the two
+                Z = stack_sides([X, Y])
+                st = run(Problem(Z, Z, True, problem.precision))
+                B = problem.B
+                self.p, self.q = st.f[:B], st.f[B:]
+                self.p_old, self.q_old = st.f_prev[:B], st.f_prev[B:]
+            else:
+                sx = run(replace(problem, Y=X))
+                sy = run(replace(problem, X=Y))
+                self.p, self.p_old, self.q, self.q_old = sx.f, sx.f_prev, sy.f, sy.f_prev
         self.eps = st.eps
 
 
