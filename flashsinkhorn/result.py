@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from .backends.base import Backend
+from .backends.matrix import MATRIX, dense_plan
 from .problem import Problem
 from .solvers.objective import marginal_error as _marginal_error
 from .solvers.objective import marginals as _marginals
@@ -38,8 +39,8 @@ class Solution:
 class SinkhornResult:
     """Potentials of an entropic OT solve and what derives from them.
 
-    Conventions (docs/conventions.md): cost C_ij = ‖x_i − y_j‖², plan
-    P_ij = a_i b_j exp((f_i + g_j − C_ij) / eps).
+    Conventions (docs/conventions.md): cost C_ij = ‖x_i − y_j‖² (or the given matrix of
+    :func:`flashsinkhorn.solve`), plan P_ij = a_i b_j exp((f_i + g_j − C_ij) / eps).
 
     Attributes:
         f: (n,) or (B, n) potential of x.
@@ -50,7 +51,8 @@ class SinkhornResult:
         converged: True when the marginal-error test passed; always False with ``tol=None``.
         errors: (iteration, worst marginal error over the batch) at each test.
         backend: name of the backend that ran ("torch" or "triton").
-        path: "streaming" (cost tiles recomputed on chip) or "dense" (stored scores).
+        path: "streaming" (cost tiles recomputed on chip), "dense" (stored scores) or
+            "matrix" (the given cost matrix of :func:`flashsinkhorn.solve`).
         precision: dot-product precision used ("ieee", "tf32", "tf32x3").
         schedule: the schedule that ran, "symmetric" or "alternating" ("auto" resolved).
         acceleration: the acceleration that ran: "none", "overrelax" or "anderson".
@@ -203,9 +205,18 @@ class SinkhornResult:
 
         Returns:
             (n, d) or (B, n, d), potential dtype.
+
+        Raises:
+            ValueError: for a cost-matrix solve (:func:`flashsinkhorn.solve`), which has no
+                points; ``apply(V)`` maps any values V of the columns.
         """
         problem = self.solution.problem
         X, Y = problem.X, problem.Y
+        if problem.cost == MATRIX:
+            raise ValueError(
+                "barycentric_map() needs point clouds; a cost-matrix solve has none: use "
+                "apply(V) / marginals()[0] with the values V of its columns"
+            )
         with torch.no_grad():
             py, marg = self.solution.backend.transport(
                 X, Y, self.solution.f, self.solution.g, self.eps, Y.x, None, None, problem.precision
@@ -220,7 +231,8 @@ class SinkhornResult:
     def plan(self, max_elements: int = 1 << 26) -> torch.Tensor:
         """The dense plan P_ij = a_i b_j exp((f_i + g_j − C_ij) / eps).
 
-        C_ij is the solve's cost (‖x_i − y_j‖² by default; see ``cost=`` and the label term).
+        C_ij is the solve's cost (‖x_i − y_j‖² by default; see ``cost=`` and the label term;
+        the given matrix of :func:`flashsinkhorn.solve`).
 
         Args:
             max_elements: refuse when B·n·m exceeds this (default 2^26, 256 MiB in fp32).
@@ -240,6 +252,9 @@ class SinkhornResult:
                 f"{max_elements:,}); use apply()/apply_T() (streaming) or raise max_elements"
             )
         with torch.no_grad():
+            if problem.cost == MATRIX:
+                return problem.unbatch(dense_plan(problem, self.solution.f, self.solution.g,
+                                                  self.eps))  # fmt: skip
             if problem.default_cost:
                 x, y = X.x.to(problem.dtype), Y.x.to(problem.dtype)
                 C = X.sq[:, :, None] + Y.sq[:, None, :] - 2.0 * torch.bmm(x, y.transpose(1, 2))
