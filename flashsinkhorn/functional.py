@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from . import _validation as V
+from ._boundary import entry_point
 from .autograd.matrix_cost import MatrixCostFunction
 from .costs import transform_points
 from .engine import solve_matrix, solve_points
@@ -15,6 +16,7 @@ from .options import SinkhornOptions, public_options
 from .result import SinkhornResult
 
 
+@entry_point
 def sinkhorn(
     x: torch.Tensor,
     y: torch.Tensor,
@@ -125,6 +127,7 @@ def sinkhorn(
     return solve_points(x, y, a, b, opts)
 
 
+@entry_point
 def solve(
     C: torch.Tensor,
     a: torch.Tensor | None = None,

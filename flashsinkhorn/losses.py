@@ -13,6 +13,7 @@ import math
 import torch
 
 from . import _validation as V
+from ._boundary import entry_point
 from .autograd import OTCostFunction
 from .costs import transform_points
 from .engine import solve_points
@@ -32,6 +33,7 @@ def _ot_cost_points(x, y, a, b, opts: SinkhornOptions) -> torch.Tensor:
     )
 
 
+@entry_point
 def ot_cost(
     x: torch.Tensor,
     y: torch.Tensor,
@@ -117,6 +119,7 @@ def _batched(t: torch.Tensor) -> torch.Tensor:
     return t if t.dim() == 3 else t.unsqueeze(0)
 
 
+@entry_point
 def sinkhorn_divergence(
     x: torch.Tensor,
     y: torch.Tensor,

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ._boundary import entry_point
 from .backends.base import Backend
 from .backends.matrix import MATRIX, dense_plan
 from .problem import Problem
@@ -92,6 +93,7 @@ class SinkhornResult:
         self.acceleration = acceleration
 
     @property
+    @entry_point
     def marginal_error(self) -> torch.Tensor:
         """() or (B,) ‖P1 − a‖₁ + ‖Pᵀ1 − b‖₁ of the returned plan.
 
@@ -109,6 +111,7 @@ class SinkhornResult:
                 )
         return self.solution.problem.unbatch(self._error)
 
+    @entry_point
     def marginals(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Row and column marginals (P1, Pᵀ1) of the plan, shapes like ``f`` and ``g``."""
         with torch.no_grad():
@@ -145,6 +148,7 @@ class SinkhornResult:
         out = self.solution.problem.unbatch(out)
         return out[..., 0] if vector else out
 
+    @entry_point
     def apply(self, V: torch.Tensor) -> torch.Tensor:
         """P @ V in one streaming pass (V of any width; the plan is never formed).
 
@@ -170,6 +174,7 @@ class SinkhornResult:
             )
         return self._finish(out, vector)
 
+    @entry_point
     def apply_T(self, U: torch.Tensor) -> torch.Tensor:
         """Pᵀ @ U in one streaming pass.
 
@@ -195,6 +200,7 @@ class SinkhornResult:
             )
         return self._finish(out, vector)
 
+    @entry_point
     def barycentric_map(self) -> torch.Tensor:
         """Entropic barycentric projection T(x_i) = (P y)_i / â_i, with â = P 1.
 
@@ -228,6 +234,7 @@ class SinkhornResult:
                 T = T + problem.centre[:, None, :]
         return problem.unbatch(T)
 
+    @entry_point
     def plan(self, max_elements: int = 1 << 26) -> torch.Tensor:
         """The dense plan P_ij = a_i b_j exp((f_i + g_j − C_ij) / eps).
 

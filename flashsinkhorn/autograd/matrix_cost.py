@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from .._boundary import backward_autocast_off
 from ..backends.matrix import dense_plan
 from .guard import guard_second_order
 from .ot_cost import _reduce_like, _weight_grad
@@ -36,6 +37,7 @@ class MatrixCostFunction(torch.autograd.Function):
         return res.value.clone()
 
     @staticmethod
+    @backward_autocast_off
     def backward(ctx, grad_out):
         C, a, b = ctx.saved_tensors
         res = ctx.res
