@@ -28,6 +28,8 @@ import torch
 F = TypeVar("F", bound=Callable)
 
 _HALF = (torch.float16, torch.bfloat16)
+#: What Dynamo reports for the graph break (``fullgraph=True`` shows it).
+_REASON = "flashsinkhorn solves run eagerly (host-driven convergence loop)"
 #: Device types whose autocast the entry points turn off (the devices the library runs on).
 _DEVICE_TYPES = ("cpu", "cuda")
 
@@ -68,9 +70,10 @@ def entry_point(fn: F) -> F:
         with autocast_off():
             return fn(*args, **kwargs)
 
-    return torch.compiler.disable(
-        wrapper, reason="flashsinkhorn solves run eagerly (host-driven convergence loop)"
-    )
+    try:
+        return torch.compiler.disable(wrapper, reason=_REASON)
+    except TypeError:  # older torch: no ``reason`` argument
+        return torch.compiler.disable(wrapper)
 
 
 def backward_autocast_off(backward: F) -> F:
