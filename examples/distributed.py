@@ -3,6 +3,11 @@
     torchrun --nproc-per-node=2 examples/distributed.py            # CPUs (gloo) or GPUs (NCCL)
     torchrun --nproc-per-node=2 examples/distributed.py --points 200000 # a larger problem on GPUs
 
+Without CUDA ``--quick`` is the default: 1,000 points per cloud, 3 gradient steps, one torch
+thread per rank. Measured with two ranks on a shared 2-core CPU (load average 3–4 from other
+jobs), whole command: 11.6 s; ``--no-quick`` (3,000 points, 5 steps) 21 s with
+``--threads 1``.
+
 Each rank draws its own rows of two clouds (uneven shards: rank r holds n_r points), solves
 in both modes, checks that they agree, then takes a few gradient steps of the sharded
 Sinkhorn divergence on its own rows of x. With GPUs each rank uses one (NCCL); otherwise
@@ -19,13 +24,39 @@ import torch.distributed as dist
 
 from flashsinkhorn import distributed as fsd
 
+#: Quick runs use one torch thread: on a 2-core machine busy with other jobs, torch's two
+#: threads per process oversubscribe the cores (shuffled_regression.py --quick, 30 steps:
+#: 10.5 s with one thread, 159 s with two, at a load average of 6).
+THREADS_HELP = "torch CPU threads (default: 1 with --quick, else torch's default)"
+
+
+def set_threads(threads: int | None, quick: bool) -> None:
+    if threads is None and quick:
+        threads = 1
+    if threads:
+        torch.set_num_threads(threads)
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--points", type=int, default=3000, help="total points per cloud")
+    p.add_argument(
+        "--points", type=int, default=None, help="total points per cloud (3000; 1000 quick)"
+    )
+    p.add_argument("--steps", type=int, default=None, help="gradient steps (5; 3 with --quick)")
     p.add_argument("--dim", type=int, default=3)
     p.add_argument("--eps", type=float, default=0.1)
+    p.add_argument(
+        "--quick",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="1000 points, 3 steps (default: on when there is no CUDA device)",
+    )
+    p.add_argument("--threads", type=int, default=None, help=THREADS_HELP + ", per rank")
     args = p.parse_args()
+    quick = args.quick if args.quick is not None else not torch.cuda.is_available()
+    set_threads(args.threads, quick)
+    args.points = args.points or (1000 if quick else 3000)
+    args.steps = args.steps or (3 if quick else 5)
 
     if torch.cuda.is_available():
         local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -61,7 +92,7 @@ def main() -> None:
     # Gradient flow of the divergence: each rank moves its own rows of x. The loss is the
     # global one on every rank; its gradient w.r.t. x is this rank's slice (no all-reduce).
     x = x.clone().requires_grad_(True)
-    for step in range(5):
+    for step in range(args.steps):
         loss = fsd.sinkhorn_divergence(x, y, eps=args.eps, mode="ring", tol=1e-3)
         (gx,) = torch.autograd.grad(loss, [x])
         with torch.no_grad():

@@ -9,9 +9,10 @@ Usage:
     python examples/gradient_flow.py [OUT_DIR] [--steps 40] [--n 500] [--every 5] [--quick]
 
 On CUDA (Triton backend) the default is n = 500 points, 40 steps. On the CPU (torch backend)
-``--quick`` is the default: n = 250, 24 steps, a frame every 4, 4 s measured on a shared
-2-core CPU; ``--no-quick`` runs the full size there, 12 s (140 s while other jobs loaded it).
-Needs matplotlib (``pip install 'flashsinkhorn[examples]'``).
+``--quick`` is the default: n = 250, 24 steps, a frame every 4, one torch thread. Measured on
+a shared 2-core CPU (load average 3–6 from other jobs), whole command: ``--quick`` 9.4 s (the
+flow itself 4.1 s); ``--no-quick`` 24 s with ``--threads 1``, 80 s with torch's default two
+threads. Needs matplotlib (``pip install 'flashsinkhorn[examples]'``); ``--help`` does not.
 """
 
 from __future__ import annotations
@@ -21,13 +22,21 @@ import math
 import pathlib
 import time
 
-import matplotlib
+import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
+import flashsinkhorn as fs
 
-import flashsinkhorn as fs  # noqa: E402
+#: Quick runs use one torch thread: on a 2-core machine busy with other jobs, torch's two
+#: threads per process oversubscribe the cores (shuffled_regression.py --quick, 30 steps:
+#: 10.5 s with one thread, 159 s with two, at a load average of 6).
+THREADS_HELP = "torch CPU threads (default: 1 with --quick, else torch's default)"
+
+
+def set_threads(threads: int | None, quick: bool) -> None:
+    if threads is None and quick:
+        threads = 1
+    if threads:
+        torch.set_num_threads(threads)
 
 
 def two_moons(n: int, gen: torch.Generator) -> torch.Tensor:
@@ -53,10 +62,15 @@ def main() -> None:
         default=None,
         help="small sizes (default: on when there is no CUDA device)",
     )
+    parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     args = parser.parse_args()
+    import matplotlib  # after the arguments: --help needs no matplotlib
+
+    matplotlib.use("Agg")
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     quick = args.quick if args.quick is not None else device == "cpu"
+    set_threads(args.threads, quick)
     args.n = args.n or (250 if quick else 500)
     args.steps = args.steps or (24 if quick else 40)
     args.every = args.every or (4 if quick else 5)
@@ -85,6 +99,8 @@ def main() -> None:
 
 
 def _save(path, x, y, step, loss) -> None:
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(4, 4), dpi=100)
     ax.scatter(*y.cpu().T, s=4, c="tab:orange", alpha=0.5, label="target")
     ax.scatter(*x.cpu().T, s=4, c="tab:blue", label="source")

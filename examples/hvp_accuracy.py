@@ -8,8 +8,9 @@ the largest eigenvalue). Reported: ‖G − G*‖_F / ‖G*‖_F, CG iterations,
 
     python examples/hvp_accuracy.py [--n 512] [--seed 0] [--quick]
 
-Runs on the CPU (float64 reference, torch backend): 45 s with n = 512 on a shared 2-core CPU,
-8 s with ``--quick`` (n = 128).
+Runs on the CPU (float64 reference, torch backend). Measured on a shared 2-core CPU (load
+average 3–6 from other jobs), whole command: ``--quick`` (n = 128, one torch thread) 6.6 s;
+n = 512: 15 s with ``--threads 1``, 148 s with torch's default two threads.
 """
 
 from __future__ import annotations
@@ -20,6 +21,18 @@ import time
 import torch
 
 import flashsinkhorn as fs
+
+#: Quick runs use one torch thread: on a 2-core machine busy with other jobs, torch's two
+#: threads per process oversubscribe the cores (shuffled_regression.py --quick, 30 steps:
+#: 10.5 s with one thread, 159 s with two, at a load average of 6).
+THREADS_HELP = "torch CPU threads (default: 1 with --quick, else torch's default)"
+
+
+def set_threads(threads: int | None, quick: bool) -> None:
+    if threads is None and quick:
+        threads = 1
+    if threads:
+        torch.set_num_threads(threads)
 
 
 def reference_hvp(x, y, a, b, f, g, eps, A):
@@ -54,7 +67,9 @@ def main():
     ap.add_argument("--d", type=int, default=4, help="dimension")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="n = 128: a few seconds on a CPU")
+    ap.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     args = ap.parse_args()
+    set_threads(args.threads, args.quick)
     args.n = args.n or (128 if args.quick else 512)
     gen = torch.Generator().manual_seed(args.seed)
     n, d = args.n, args.d

@@ -7,8 +7,10 @@ task; the torch path on the CPU, the fused Triton kernels on CUDA:
     python examples/mhc_transformer.py            # 20 steps, dim 64, seq 32, batch 8
     python examples/mhc_transformer.py --quick    # 5 steps, dim 32, seq 16, batch 4
 
-Measured on a shared 2-core CPU: 3.6 s with the defaults, 3.3 s with ``--quick``. The CPU run
-needs no Triton (``flashsinkhorn.mhc`` imports its kernels on first use on CUDA).
+Measured on a shared 2-core CPU (load average 3–6 from other jobs), whole command:
+``--quick`` (one torch thread) 5.1 s; the defaults 3.7 s with ``--threads 1``, 11 s with
+torch's default two threads. The CPU run needs no Triton (``flashsinkhorn.mhc`` imports its
+kernels on first use on CUDA).
 """
 
 from __future__ import annotations
@@ -19,6 +21,18 @@ import torch
 from torch import nn
 
 from flashsinkhorn.mhc import HyperConnection
+
+#: Quick runs use one torch thread: on a 2-core machine busy with other jobs, torch's two
+#: threads per process oversubscribe the cores (shuffled_regression.py --quick, 30 steps:
+#: 10.5 s with one thread, 159 s with two, at a load average of 6).
+THREADS_HELP = "torch CPU threads (default: 1 with --quick, else torch's default)"
+
+
+def set_threads(threads: int | None, quick: bool) -> None:
+    if threads is None and quick:
+        threads = 1
+    if threads:
+        torch.set_num_threads(threads)
 
 
 class Block(nn.Module):
@@ -90,8 +104,10 @@ def cli() -> None:
     p.add_argument("--batch", type=int, default=None, help="batch size (8; 4 with --quick)")
     p.add_argument("--layers", type=int, default=2, help="transformer blocks")
     p.add_argument("--quick", action="store_true", help="small sizes, a few seconds on a CPU")
+    p.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     args = p.parse_args()
     q = args.quick
+    set_threads(args.threads, q)
     main(
         steps=args.steps or (5 if q else 20),
         dim=args.dim or (32 if q else 64),

@@ -14,11 +14,13 @@ Usage:
     python examples/otdd.py [OUT_DIR] [--eps 1.0] [--steps 10] [--iters 20] [--lr 0.5]
         [--flow-eps 0.25] [--quick | --no-quick]
 
-Needs ``pip install 'flashsinkhorn[examples]'`` (scikit-learn, matplotlib, tqdm). Uses CUDA and
-the Triton kernels when present, all 898 + 899 digits. On the CPU (torch backend) ``--quick``
-is the default: 300 digits per half, 129 s measured on a shared 2-core CPU
-under load (the same OTDD solve took 2 to 23 s there); ``--no-quick`` runs all the digits
-there (about 3 minutes: 184 s measured on a shared 2-core CPU).
+Needs ``pip install 'flashsinkhorn[examples]'`` (scikit-learn, matplotlib, tqdm; ``--help``
+needs none of them). Uses CUDA and the Triton kernels when present, all 898 + 899 digits. On
+the CPU (torch backend) ``--quick`` is the default: 300 digits per half, one torch thread.
+Measured on a shared 2-core CPU (load average 2–6 from other jobs), whole command:
+``--quick`` 8.4–12.9 s (each OTDD solve 0.1 s, the 190-pair W 0.1 s, the 10-step flow
+0.9–2 s); ``--no-quick`` 22 s with ``--threads 1``, 16–125 s with torch's default two threads
+(16 s at load 2, 125 s at load 6).
 """
 
 from __future__ import annotations
@@ -27,15 +29,22 @@ import argparse
 import pathlib
 import time
 
-import matplotlib
+import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
+import flashsinkhorn as fs
+from flashsinkhorn.otdd import class_distance_matrix, otdd_distance
 
-import flashsinkhorn as fs  # noqa: E402
-from flashsinkhorn.otdd import class_distance_matrix, otdd_distance  # noqa: E402
+#: Quick runs use one torch thread: on a 2-core machine busy with other jobs, torch's two
+#: threads per process oversubscribe the cores (shuffled_regression.py --quick, 30 steps:
+#: 10.5 s with one thread, 159 s with two, at a load average of 6).
+THREADS_HELP = "torch CPU threads (default: 1 with --quick, else torch's default)"
+
+
+def set_threads(threads: int | None, quick: bool) -> None:
+    if threads is None and quick:
+        threads = 1
+    if threads:
+        torch.set_num_threads(threads)
 
 
 def shift_images(x: torch.Tensor, dx: int) -> torch.Tensor:
@@ -63,11 +72,18 @@ def main() -> None:
         default=None,
         help="300 digits per half (default: on when there is no CUDA device)",
     )
+    parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     args = parser.parse_args()
+    # After the arguments: --help needs neither matplotlib nor scikit-learn.
+    import matplotlib
+    from sklearn.datasets import load_digits
+
+    matplotlib.use("Agg")
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     quick = args.quick if args.quick is not None else device == "cpu"
+    set_threads(args.threads, quick)
 
     digits = load_digits()
     x = torch.tensor(digits.data, dtype=torch.float32) / 16.0  # pixels in [0, 1]
@@ -138,6 +154,8 @@ def main() -> None:
 
 
 def _save_W(path, W) -> None:
+    import matplotlib.pyplot as plt
+
     V = W.shape[0]
     fig, ax = plt.subplots(figsize=(5.2, 4.4), dpi=100)
     im = ax.imshow(W.numpy(), cmap="viridis")
@@ -156,6 +174,8 @@ def _save_W(path, W) -> None:
 
 
 def _save_flow(path, frames, values) -> None:
+    import matplotlib.pyplot as plt
+
     steps = sorted(frames)
     fig, axes = plt.subplots(len(steps), 10, figsize=(8, 0.9 * len(steps) + 0.4), dpi=100)
     for r, s in enumerate(steps):

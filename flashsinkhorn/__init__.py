@@ -4,7 +4,7 @@ Each Sinkhorn half-step is an online log-sum-exp over streamed tiles (Triton on 
 n × m cost matrix is never stored. A plain PyTorch backend runs everywhere else.
 """
 
-from .functional import sinkhorn
+from .functional import sinkhorn, solve
 from .losses import ot_cost, sinkhorn_divergence
 from .nn import SamplesLoss, SinkhornDivergence
 from .result import SinkhornResult
@@ -19,6 +19,7 @@ __all__ = [
     "ot_cost",
     "sinkhorn",
     "sinkhorn_divergence",
+    "solve",
 ]
 
 # Second order: streaming Hessian–vector products and the scipy LinearOperator.

@@ -138,3 +138,51 @@ def check_scaling(scaling: object, allow_auto: bool = False) -> float | str | No
     if s >= 1:
         raise ValueError(f"scaling must be in (0, 1) or None, got {s}")
     return s
+
+
+def check_cost_matrix(name: str, C: object) -> torch.Tensor:
+    """Checks that ``C`` is a non-empty real floating tensor of shape (n, m) or (B, n, m).
+
+    Its values (NaN/inf) are checked later, with the weights', in one device synchronisation.
+    """
+    if not isinstance(C, torch.Tensor):
+        raise TypeError(
+            f"{name} must be a torch.Tensor of shape (n, m) or (B, n, m), got {type(C).__name__}"
+        )
+    if C.is_complex() or not C.is_floating_point():
+        raise TypeError(
+            f"{name} must have a real floating dtype (float16, bfloat16, float32, float64), "
+            f"got {C.dtype}"
+        )
+    if C.dim() not in (2, 3):
+        raise ValueError(f"{name} must be 2-D (n, m) or 3-D (B, n, m), got shape {tuple(C.shape)}")
+    if any(s == 0 for s in C.shape):
+        raise ValueError(f"{name} must not be empty, got shape {tuple(C.shape)}")
+    return C
+
+
+def check_matrix_weights(name: str, w: object, C: torch.Tensor, dim: int) -> torch.Tensor | None:
+    """Checks the weights of the rows (``dim=-2``, ``a``) or columns (``dim=-1``, ``b``) of a
+    cost matrix: (k,) for a 2-D C, (B, k) or a shared (k,) for a batched one, with k = C's size
+    along ``dim``. Negativity and finiteness are checked later with C's values."""
+    if w is None:
+        return None
+    if not isinstance(w, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of weights or None, got {type(w).__name__}")
+    if w.is_complex() or not w.is_floating_point():
+        raise TypeError(f"{name} must have a real floating dtype, got {w.dtype}")
+    if w.device != C.device:
+        raise ValueError(f"{name} must be on the device of C ({C.device}), got {w.device}")
+    k = C.shape[dim]
+    what = "rows" if dim == -2 else "columns"
+    if C.dim() == 2:
+        ok, allowed = w.shape == (k,), f"({k},)"
+    else:
+        ok = w.shape in ((k,), (C.shape[0], k))
+        allowed = f"({C.shape[0]}, {k}) or ({k},)"
+    if not ok:
+        raise ValueError(
+            f"{name} must have shape {allowed}, one weight per {what[:-1]} of C of shape "
+            f"{tuple(C.shape)}, got {tuple(w.shape)}"
+        )
+    return w

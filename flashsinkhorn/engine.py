@@ -3,7 +3,8 @@
 This is the one place where a solve is assembled. The public functions validate their
 arguments into a :class:`~flashsinkhorn.options.SinkhornOptions` and call
 :func:`solve_points`; the autograd functions, the Hessian operator and OTDD call it too, so
-none of them imports the public layer.
+none of them imports the public layer. :func:`solve_matrix` is the same assembly for a given
+cost matrix (:func:`flashsinkhorn.solve`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from . import _validation as V
 from .backends import kernel_costs, resolve_backend, select_path
+from .backends.matrix import MatrixBackend, prepare_matrix
 from .backends.sides import prepare_sides
 from .options import SinkhornOptions
 from .problem import Problem, prepare, stack_sides, stackable
@@ -62,21 +64,7 @@ def _solve(problem, impl, eps_list, opts: SinkhornOptions) -> SinkhornResult:
         f, g, value = graphs.run(key, lambda: _tensors(*run()), problem.device)
         n_done = len(eps_list) - 1 + opts.n_iters
         state = SolveState(f, g, eps_list[-1], n_done, False, None)
-    return SinkhornResult(
-        problem=problem,
-        backend=impl,
-        f=state.f,
-        g=state.g,
-        value=value,
-        eps=state.eps,
-        n_iters=state.n_iters,
-        converged=state.converged,
-        marginal_error=state.marginal_error,
-        errors=state.errors,
-        # a self problem runs the averaged one-potential iteration (solvers/loop.py)
-        schedule="symmetric" if problem.X is problem.Y else opts.schedule,
-        acceleration="none" if problem.X is problem.Y else opts.acceleration,
-    )
+    return _result(problem, impl, state, value, opts)
 
 
 def solve_points(
@@ -172,6 +160,53 @@ def _part(res: SinkhornResult, k: int, problem: Problem) -> SinkhornResult:
         errors=res.errors,
         schedule=res.schedule,
         acceleration=res.acceleration,
+    )
+
+
+def solve_matrix(
+    C: torch.Tensor,
+    a: torch.Tensor | None,
+    b: torch.Tensor | None,
+    opts: SinkhornOptions,
+) -> SinkhornResult:
+    """Solves the problem of a given cost matrix (``backends/matrix.py``) with the same loop.
+
+    Args:
+        C: (n, m) or (B, n, m) cost, checked here with its weights.
+        a: weights of the rows or None.
+        b: weights of the columns or None.
+        opts: validated options; the cost, backend, precision, path, diameter and
+            check_finite are unused (C's values are always checked).
+    """
+    with torch.no_grad():
+        problem, spread = prepare_matrix(C, a, b, rho_x=opts.rho_x, rho_y=opts.rho_y)
+        impl = MatrixBackend()
+        scale = spread if spread > 0 else None
+        opts = opts.resolve(scale)
+        # The ladder of the squared Euclidean cost with diameter² = the spread of C: for C the
+        # squared distances of two clouds it is sinkhorn()'s ladder from their largest distance.
+        diameter = None if scale is None else math.sqrt(scale)
+        eps_list = eps_schedule(opts.eps, opts.scaling, diameter)
+        state = solve(problem, impl, eps_list, opts)
+        value = dual_value(problem, state.f, state.g, state.eps, impl)
+    return _result(problem, impl, state, value, opts)
+
+
+def _result(problem, impl, state: SolveState, value, opts: SinkhornOptions) -> SinkhornResult:
+    return SinkhornResult(
+        problem=problem,
+        backend=impl,
+        f=state.f,
+        g=state.g,
+        value=value,
+        eps=state.eps,
+        n_iters=state.n_iters,
+        converged=state.converged,
+        marginal_error=state.marginal_error,
+        errors=state.errors,
+        # a self problem runs the averaged one-potential iteration (solvers/loop.py)
+        schedule="symmetric" if problem.X is problem.Y else opts.schedule,
+        acceleration="none" if problem.X is problem.Y else opts.acceleration,
     )
 
 

@@ -1,16 +1,22 @@
-"""Functional API: validate the arguments into options, then run the engine."""
+"""Functional API: validate the arguments into options, then run the engine.
+
+:func:`sinkhorn` solves between two point clouds; :func:`solve` for a given cost matrix.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from . import _validation as V
+from ._boundary import entry_point
+from .autograd.matrix_cost import MatrixCostFunction
 from .costs import transform_points
-from .engine import solve_points
+from .engine import solve_matrix, solve_points
 from .options import SinkhornOptions, public_options
 from .result import SinkhornResult
 
 
+@entry_point
 def sinkhorn(
     x: torch.Tensor,
     y: torch.Tensor,
@@ -119,3 +125,83 @@ def sinkhorn(
     with torch.no_grad():
         x, y = transform_points(x, opts.cost), transform_points(y, opts.cost)
     return solve_points(x, y, a, b, opts)
+
+
+@entry_point
+def solve(
+    C: torch.Tensor,
+    a: torch.Tensor | None = None,
+    b: torch.Tensor | None = None,
+    *,
+    eps: float,
+    n_iters: int = 1000,
+    tol: float | None = 1e-3,
+    check_every: int = 10,
+    schedule: str = "auto",
+    acceleration: str = "auto",
+    omega: float | None = None,
+    anderson_memory: int = 5,
+    scaling: float | str | None = "auto",
+    rho_x: float | None = None,
+    rho_y: float | None = None,
+) -> SinkhornResult:
+    """Entropic optimal transport for a given cost matrix C (POT's ``ot.sinkhorn`` form).
+
+    Solves min_P <C, P> + eps KL(P | a⊗b) (plus rho KL terms on relaxed marginals) with the
+    solver loop of :func:`sinkhorn`: same schedules, acceleration, stopping rule, annealing and
+    result. Use it when the cost is not a function of two point clouds (a graph distance, a
+    learned cost, a precomputed matrix). The soft-mins read C in row blocks with torch
+    operations, on the CPU or a GPU, so the n × m cost is stored (by the caller): for
+    squared-Euclidean clouds :func:`sinkhorn` streams it instead.
+
+    Args:
+        C: (n, m) cost, or (B, n, m) for B problems solved together; float32 or float64
+            (float16/bfloat16 are read in float32), on any device. Its entries must be finite
+            (checked in the one synchronisation of the weight checks).
+        a: weights of the rows, (n,) or (B, n) (a shared (n,) for a batched C), non-negative;
+            default uniform 1/n.
+        b: weights of the columns, (m,) or (B, m); default uniform 1/m.
+        eps: entropic regularisation, > 0, in units of C.
+        n_iters: iterations at the target eps (the maximum when ``tol`` is set). Default 1000.
+        tol: stop when ‖P1 − a‖₁ + ‖Pᵀ1 − b‖₁ <= tol for every problem of the batch; None
+            runs exactly ``n_iters`` iterations. Default 1e-3.
+        check_every: iterations between two convergence tests. Default 10.
+        schedule: "auto" (default), "symmetric" or "alternating", as in :func:`sinkhorn`.
+        acceleration: "auto" (default), "none", "overrelax" or "anderson", as in
+            :func:`sinkhorn`.
+        omega: over-relaxation factor in (0, 2), or None (default) for the adaptive one.
+        anderson_memory: past iterates mixed by Anderson acceleration (>= 1). Default 5.
+        scaling: "auto" (default), None or a value in (0, 1): eps annealing as in
+            :func:`sinkhorn`, starting at the spread R = max C − min C (the role of
+            diameter²: eps is divided by ``scaling²`` per iteration); "auto" anneals only
+            with ``tol`` set and eps/R < 1e-3.
+        rho_x: KL relaxation strength of the row marginal (unbalanced OT); None (default) is
+            a hard constraint.
+        rho_y: the same for the column marginal.
+
+    Returns:
+        A :class:`SinkhornResult`: potentials ``f`` (n,) / (B, n) and ``g`` (m,) / (B, m) with
+        P_ij = a_i b_j exp((f_i + g_j − C_ij)/eps), ``value`` (OT_eps, () or (B,), float32 or
+        float64), ``n_iters``, ``converged``, ``marginal_error``, ``marginals()``,
+        ``apply``/``apply_T`` (P V and Pᵀ U) and ``plan()``; ``result.path`` is "matrix".
+        ``value`` is differentiable: d value/dC = P and, like :func:`ot_cost`, d value/da = f,
+        d value/db = g for a balanced problem (defined up to a constant on the simplex) and the
+        partial derivative of the dual objective for relaxed marginals (docs/transport.md).
+        The potentials are not differentiable.
+
+    Raises:
+        TypeError: C, a or b not a real floating tensor; an option of the wrong type.
+        ValueError: a wrong shape, NaN/inf in C, invalid weights or an option out of range,
+            naming the argument.
+
+    Example:
+        ```python
+        C = torch.cdist(x, y) ** 2                  # any (n, m) cost
+        res = flashsinkhorn.solve(C, eps=0.05)
+        P = res.plan()                              # (n, m)
+        ```
+    """
+    opts = SinkhornOptions.build(**public_options(locals()))
+    res = solve_matrix(C, a, b, opts)
+    res.value = MatrixCostFunction.apply(C, a, b, res)
+    return res

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import _validation as V
+from ._boundary import entry_point
 from .autograd import OTCostFunction
 from .autograd.divergence import DivergenceFunction
 from .costs import transform_points
@@ -30,6 +31,7 @@ def _ot_cost_points(x, y, a, b, opts: SinkhornOptions) -> torch.Tensor:
     )
 
 
+@entry_point
 def ot_cost(
     x: torch.Tensor,
     y: torch.Tensor,
@@ -111,6 +113,7 @@ def ot_cost(
                            opts)  # fmt: skip
 
 
+@entry_point
 def sinkhorn_divergence(
     x: torch.Tensor,
     y: torch.Tensor,

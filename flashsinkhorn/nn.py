@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from . import _validation as V
+from ._boundary import entry_point
 from .autograd.samples_loss import GeomLossSpec, SamplesLossFunction, geomloss_potentials
 from .costs import COST_DEFAULTS
 from .losses import sinkhorn_divergence
@@ -155,6 +156,7 @@ class SamplesLoss(torch.nn.Module):
         )
         self.potentials = bool(potentials)
 
+    @entry_point
     def forward(
         self, *args: torch.Tensor | None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:

@@ -47,7 +47,8 @@ class Side:
     #: their potentials; the solver sets them from the final soft-min (solvers/loop.py).
     has_null: bool = False
     #: Kernel cost on these (transformed) points: "sqeuclidean" (‖r − c‖²) or "euclidean"
-    #: (sqrt(max(‖r − c‖², sq_floor))); see flashsinkhorn/costs.py.
+    #: (sqrt(max(‖r − c‖², sq_floor))); see flashsinkhorn/costs.py. "matrix": a given cost
+    #: matrix, ``x`` then holds this side's rows of it (backends/matrix.py).
     cost: str = "sqeuclidean"
     #: (B, n) int32 labels of these points, or None (no label term).
     labels: torch.Tensor | None = None

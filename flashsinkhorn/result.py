@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ._boundary import entry_point
 from .backends.base import Backend
+from .backends.matrix import MATRIX, dense_plan
 from .problem import Problem
 from .solvers.objective import marginal_error as _marginal_error
 from .solvers.objective import marginals as _marginals
@@ -38,8 +40,8 @@ class Solution:
 class SinkhornResult:
     """Potentials of an entropic OT solve and what derives from them.
 
-    Conventions (docs/conventions.md): cost C_ij = ‖x_i − y_j‖², plan
-    P_ij = a_i b_j exp((f_i + g_j − C_ij) / eps).
+    Conventions (docs/conventions.md): cost C_ij = ‖x_i − y_j‖² (or the given matrix of
+    :func:`flashsinkhorn.solve`), plan P_ij = a_i b_j exp((f_i + g_j − C_ij) / eps).
 
     Attributes:
         f: (n,) or (B, n) potential of x.
@@ -50,7 +52,8 @@ class SinkhornResult:
         converged: True when the marginal-error test passed; always False with ``tol=None``.
         errors: (iteration, worst marginal error over the batch) at each test.
         backend: name of the backend that ran ("torch" or "triton").
-        path: "streaming" (cost tiles recomputed on chip) or "dense" (stored scores).
+        path: "streaming" (cost tiles recomputed on chip), "dense" (stored scores) or
+            "matrix" (the given cost matrix of :func:`flashsinkhorn.solve`).
         precision: dot-product precision used ("ieee", "tf32", "tf32x3").
         schedule: the schedule that ran, "symmetric" or "alternating" ("auto" resolved).
         acceleration: the acceleration that ran: "none", "overrelax" or "anderson".
@@ -90,6 +93,7 @@ class SinkhornResult:
         self.acceleration = acceleration
 
     @property
+    @entry_point
     def marginal_error(self) -> torch.Tensor:
         """() or (B,) ‖P1 − a‖₁ + ‖Pᵀ1 − b‖₁ of the returned plan.
 
@@ -107,6 +111,7 @@ class SinkhornResult:
                 )
         return self.solution.problem.unbatch(self._error)
 
+    @entry_point
     def marginals(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Row and column marginals (P1, Pᵀ1) of the plan, shapes like ``f`` and ``g``."""
         with torch.no_grad():
@@ -143,6 +148,7 @@ class SinkhornResult:
         out = self.solution.problem.unbatch(out)
         return out[..., 0] if vector else out
 
+    @entry_point
     def apply(self, V: torch.Tensor) -> torch.Tensor:
         """P @ V in one streaming pass (V of any width; the plan is never formed).
 
@@ -168,6 +174,7 @@ class SinkhornResult:
             )
         return self._finish(out, vector)
 
+    @entry_point
     def apply_T(self, U: torch.Tensor) -> torch.Tensor:
         """Pᵀ @ U in one streaming pass.
 
@@ -193,6 +200,7 @@ class SinkhornResult:
             )
         return self._finish(out, vector)
 
+    @entry_point
     def barycentric_map(self) -> torch.Tensor:
         """Entropic barycentric projection T(x_i) = (P y)_i / â_i, with â = P 1.
 
@@ -203,9 +211,18 @@ class SinkhornResult:
 
         Returns:
             (n, d) or (B, n, d), potential dtype.
+
+        Raises:
+            ValueError: for a cost-matrix solve (:func:`flashsinkhorn.solve`), which has no
+                points; ``apply(V)`` maps any values V of the columns.
         """
         problem = self.solution.problem
         X, Y = problem.X, problem.Y
+        if problem.cost == MATRIX:
+            raise ValueError(
+                "barycentric_map() needs point clouds; a cost-matrix solve has none: use "
+                "apply(V) / marginals()[0] with the values V of its columns"
+            )
         with torch.no_grad():
             py, marg = self.solution.backend.transport(
                 X, Y, self.solution.f, self.solution.g, self.eps, Y.x, None, None, problem.precision
@@ -217,10 +234,12 @@ class SinkhornResult:
                 T = T + problem.centre[:, None, :]
         return problem.unbatch(T)
 
+    @entry_point
     def plan(self, max_elements: int = 1 << 26) -> torch.Tensor:
         """The dense plan P_ij = a_i b_j exp((f_i + g_j − C_ij) / eps).
 
-        C_ij is the solve's cost (‖x_i − y_j‖² by default; see ``cost=`` and the label term).
+        C_ij is the solve's cost (‖x_i − y_j‖² by default; see ``cost=`` and the label term;
+        the given matrix of :func:`flashsinkhorn.solve`).
 
         Args:
             max_elements: refuse when B·n·m exceeds this (default 2^26, 256 MiB in fp32).
@@ -240,6 +259,9 @@ class SinkhornResult:
                 f"{max_elements:,}); use apply()/apply_T() (streaming) or raise max_elements"
             )
         with torch.no_grad():
+            if problem.cost == MATRIX:
+                return problem.unbatch(dense_plan(problem, self.solution.f, self.solution.g,
+                                                  self.eps))  # fmt: skip
             if problem.default_cost:
                 x, y = X.x.to(problem.dtype), Y.x.to(problem.dtype)
                 C = X.sq[:, :, None] + Y.sq[:, None, :] - 2.0 * torch.bmm(x, y.transpose(1, 2))

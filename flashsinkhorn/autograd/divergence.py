@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from .._boundary import backward_autocast_off
 from ..problem import stack_sides, stackable
 from .double_backward import EnvelopeGrad, hvp_settings
 from .guard import guard_second_order
@@ -43,6 +44,7 @@ class DivergenceFunction(torch.autograd.Function):
         return xy.value - 0.5 * (xx.value + yy.value)
 
     @staticmethod
+    @backward_autocast_off
     def backward(ctx, grad_out):
         x, y, a, b, label_cost = ctx.saved_tensors
         xy, xx, yy = ctx.terms

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from .._boundary import backward_autocast_off
 from ..hessian.joint import TransportHessian
 from ..options import HVPOptions
 from .guard import guard_second_order
@@ -61,6 +62,7 @@ class EnvelopeGrad(torch.autograd.Function):
         return gx, gy
 
     @staticmethod
+    @backward_autocast_off
     def backward(ctx, vx, vy):
         need = ctx.needs_input_grad
         if need[2] or need[3]:

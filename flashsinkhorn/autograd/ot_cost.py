@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from .._boundary import backward_autocast_off
 from ..result import SinkhornResult
 from .double_backward import EnvelopeGrad, hvp_settings
 from .guard import guard_second_order
@@ -75,6 +76,7 @@ class OTCostFunction(torch.autograd.Function):
         return res.value.clone()
 
     @staticmethod
+    @backward_autocast_off
     def backward(ctx, grad_out):
         x, y, a, b, label_cost = ctx.saved_tensors
         gW = None

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from .._boundary import backward_autocast_off
 from ..backends import resolve_backend
 from ..engine import resolve_precision
 from ..options import SinkhornOptions
@@ -150,6 +151,7 @@ class SamplesLossFunction(torch.autograd.Function):
         return problem.unbatch(value)
 
     @staticmethod
+    @backward_autocast_off
     def backward(ctx, grad_out):
         x, y, a, b = ctx.saved_tensors
         problem, impl, loop, spec = ctx.problem, ctx.impl, ctx.loop, ctx.spec
