@@ -121,6 +121,12 @@ def solve_divergence(
         impl, problem = _problem(x, y, a, b, opts, 0.0)
         opts, eps_list = schedule_for(problem, opts, gpu=impl.name == "triton")
         xy = _solve(problem, impl, eps_list, opts)
+        base = resolve_backend(opts.backend, x.device, x.dtype)
+
+        def run(p):
+            # each problem gets its own path (a dense-path backend holds that problem's K)
+            return _solve(p, select_path(base, p, opts.path), eps_list, opts)
+
         X, Y = problem.X, problem.Y
         if X.lcost is not None and not torch.equal(X.lcost, X.lcost.transpose(0, 1)):
             # An asymmetric label cost makes the self terms' costs asymmetric: their plans are
@@ -128,16 +134,16 @@ def solve_divergence(
             # its own labels first: X holds W, Y holds Wᵀ).
             px = replace(problem, Y=replace(X, lcost=Y.lcost))
             py = replace(problem, X=replace(Y, lcost=X.lcost))
-            return xy, _solve(px, impl, eps_list, opts), _solve(py, impl, eps_list, opts)
+            return xy, run(px), run(py)
         if Y.lcost is not None:
             Y = replace(Y, lcost=X.lcost)  # W = Wᵀ: one object for both orientations
         px = replace(problem, X=X, Y=X)
         py = replace(problem, X=Y, Y=Y)
         if not stackable([X, Y]):
-            return xy, _solve(px, impl, eps_list, opts), _solve(py, impl, eps_list, opts)
+            return xy, run(px), run(py)
         Z = stack_sides([X, Y])
         centre = None if problem.centre is None else problem.centre.repeat(2, 1)
-        both = _solve(Problem(Z, Z, True, problem.precision, centre), impl, eps_list, opts)
+        both = run(Problem(Z, Z, True, problem.precision, centre))
     return xy, *(_part(both, k, p) for k, p in ((0, px), (1, py)))
 
 

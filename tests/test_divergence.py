@@ -182,3 +182,18 @@ def test_self_terms_test_every_three_iterations(rho):
     if rho is not None:
         got = got + 0.5 * 0.05 * (a.sum(-1) - b.sum(-1)) ** 2
     torch.testing.assert_close(got, ref, rtol=1e-2, atol=1e-4)
+
+
+@pytest.mark.parametrize(("n", "m"), [(21, 21), (21, 14)])
+def test_dense_path_self_terms_have_their_own_gram_matrix(n, m):
+    # The dense path (taken from d = 256 on) stores K = X Yᵀ of one problem: each self term
+    # needs its own.
+    from flashsinkhorn.backends.triton.configs import DENSE_MIN_D
+
+    x, y, a, b = _inputs(None, n, m, d=DENSE_MIN_D + 1, seed=4, dtype=torch.float32)
+    kw = dict(eps=20.0, tol=None, n_iters=6, scaling=None, precision="ieee")
+    got = fs.sinkhorn_divergence(x, y, a, b, backend="triton", **kw)
+    ref = fs.sinkhorn_divergence(x, y, a, b, backend="torch", **kw)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+    for gg, gr in zip(_grads(got, (x, y)), _grads(ref, (x, y)), strict=True):
+        torch.testing.assert_close(gg, gr, rtol=1e-4, atol=1e-5)

@@ -117,6 +117,11 @@ class DenseTritonBackend(TritonBackend):
             self.gram = torch.bmm(X.x.float(), y.transpose(1, 2)).contiguous()
 
     def softmin(self, rows: Side, cols: Side, col_pot, eps, old, alpha, beta, want_raw, precision):
+        if not (
+            (rows.x is self._x and cols.x is self._y) or (rows.x is self._y and cols.x is self._x)
+        ):
+            # K = X Yᵀ describes the problem this backend was built for, and no other
+            raise RuntimeError("the dense-path backend was called with sides it was not built from")
         transposed = rows.x is not self._x
         K = self.gram
         B, n = rows.sq.shape
