@@ -32,6 +32,7 @@ from ..engine import resolve_precision
 from ..options import SinkhornOptions
 from ..problem import Problem, prepare
 from ..solvers import estimate_diameter, geometric_ladder, solve
+from ..solvers.annealing import ladder_cap
 from .guard import guard_second_order
 
 
@@ -73,13 +74,22 @@ def _prepare(x, y, a, b, spec: GeomLossSpec, prec: str) -> Problem:
 GEOMLOSS_SQ_FLOOR = 1e-8
 
 
-def geomloss_eps_list(diameter: float, blur: float, scaling: float, p: int = 2) -> list[float]:
+def geomloss_eps_list(
+    diameter: float, blur: float, scaling: float, p: int = 2, dtype: torch.dtype | None = None
+) -> list[float]:
     """GeomLoss's eps schedule in its own units, the duplicated first value included:
-    ``[diameter^p] + exp(arange(p log diameter, p log blur, p log scaling)) + [blur^p]``."""
-    return geometric_ladder(diameter**p, blur**p, scaling**p, keep_start=True)
+    ``[diameter^p] + exp(arange(p log diameter, p log blur, p log scaling)) + [blur^p]``,
+    computed from logarithms and starting at most at ``ladder_cap(dtype)`` (GeomLoss's own
+    list overflows there)."""
+    return geometric_ladder(
+        0.0, blur**p, 0.0, keep_start=True, log_start=p * math.log(diameter),
+        log_ratio=p * math.log(scaling), cap=ladder_cap(dtype), scaling=scaling,
+    )  # fmt: skip
 
 
-def _eps_list(x: torch.Tensor, y: torch.Tensor, spec: GeomLossSpec) -> list[float]:
+def _eps_list(
+    x: torch.Tensor, y: torch.Tensor, spec: GeomLossSpec, dtype: torch.dtype
+) -> list[float]:
     """The schedule in our (full-cost) units. Like GeomLoss, the diameter is the bounding box
     of all the caller's points, every batch together, before any centring."""
     diameter = spec.diameter
@@ -91,7 +101,9 @@ def _eps_list(x: torch.Tensor, y: torch.Tensor, spec: GeomLossSpec) -> list[floa
         # All points coincide (GeomLoss takes log(0) here): any positive start is equivalent.
         diameter = spec.blur
     k = _k(spec)
-    return [k * e for e in geomloss_eps_list(diameter, spec.blur, spec.scaling, spec.p)]
+    # The cap applies to our (k times larger) eps.
+    ladder = geomloss_eps_list(diameter, spec.blur, spec.scaling, spec.p, dtype)
+    return [min(k * e, ladder_cap(dtype)) for e in ladder]
 
 
 class _Loop:
@@ -133,7 +145,7 @@ class SamplesLossFunction(torch.autograd.Function):
         prec = resolve_precision(spec.precision, impl.name, x.dtype)
         with torch.no_grad():
             problem = _prepare(x, y, a, b, spec, prec)
-            eps_list = _eps_list(x, y, spec)
+            eps_list = _eps_list(x, y, spec, problem.dtype)
             loop = _Loop(problem, impl, eps_list, spec.debias)
             value = _value(problem, loop, spec)
         ctx.problem, ctx.impl, ctx.loop, ctx.spec = problem, impl, loop, spec
@@ -228,7 +240,7 @@ def geomloss_potentials(x, y, a, b, spec: GeomLossSpec) -> tuple[torch.Tensor, t
     k = _k(spec)
     with torch.no_grad():
         problem = _prepare(x, y, a, b, spec, prec)
-        eps_list = _eps_list(x, y, spec)
+        eps_list = _eps_list(x, y, spec, problem.dtype)
         loop = _Loop(problem, impl, eps_list, spec.debias)
         F, G = loop.f / k, loop.g / k
         if spec.debias:
