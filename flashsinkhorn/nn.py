@@ -88,13 +88,13 @@ class SamplesLoss(torch.nn.Module):
         reach: None (balanced) or the KL relaxation length scale, rho = reach².
         diameter: start of the annealing; None estimates it from the bounding box.
         scaling: ratio between successive blur values, in (0, 1). Default 0.5.
-        truncate: accepted and ignored (a multiscale-only option).
+        truncate: accepted and ignored (a multiscale-only option); None or a number > 0.
         cost: only None (the squared Euclidean cost).
         kernel: only None (accepted for signature compatibility).
         cluster_scale: only None (accepted for signature compatibility).
         debias: return the debiased divergence. Default True.
         potentials: return the pair of dual potentials (F, G) instead of the value.
-        verbose: accepted and ignored.
+        verbose: accepted and ignored (a bool).
         backend: "auto" (Triton on CUDA, torch otherwise), "tensorized" (= "torch"),
             "online"/"multiscale" (= "auto"), "torch" or "triton".
         precision: dot-product precision, as in :func:`flashsinkhorn.sinkhorn`. Default "auto".
@@ -103,6 +103,7 @@ class SamplesLoss(torch.nn.Module):
 
     Call forms: ``loss(x, y)`` (uniform weights) and ``loss(a, x, b, y)``; points (N, D) or
     (B, N, D); weights (N,), (N, 1), (B, N) or (B, N, 1). Returns () or (B,), or (F, G).
+    The flags ``debias``, ``potentials``, ``verbose`` and ``check_finite`` must be bools.
     """
 
     def __init__(
@@ -129,31 +130,33 @@ class SamplesLoss(torch.nn.Module):
             raise ValueError(
                 f"loss must be 'sinkhorn' (the only loss supported so far), got {loss!r}"
             )
-        if isinstance(p, bool) or p not in (1, 2):
+        p_value = V.as_real("p", p, "1 or 2")
+        if p_value not in (1.0, 2.0):
             raise ValueError(f"p must be 1 or 2, got {p!r}")
         if cost is not None:
             raise ValueError("cost must be None: only the squared Euclidean cost is supported")
         if kernel is not None or cluster_scale is not None:
             raise ValueError("kernel and cluster_scale are not supported (loss='sinkhorn' only)")
-        if backend not in _GEOMLOSS_BACKENDS:
-            names = ", ".join(map(repr, _GEOMLOSS_BACKENDS))
-            raise ValueError(f"backend must be one of {names}, got {backend!r}")
+        V.check_choice("backend", backend, tuple(_GEOMLOSS_BACKENDS))
         V.check_choice("precision", precision, V.PRECISIONS)
         scaling = V.check_scaling(scaling)
         if scaling is None:
             raise ValueError("scaling must be in (0, 1), got None")
+        # Accepted for GeomLoss's signature and not used (multiscale only), but still a number.
+        V.check_positive("truncate", truncate, allow_none=True)
+        V.check_bool("verbose", verbose)
         self.spec = GeomLossSpec(
             blur=V.check_positive("blur", blur),
             reach=V.check_positive("reach", reach, allow_none=True),
             diameter=V.check_positive("diameter", diameter, allow_none=True),
             scaling=scaling,
-            debias=bool(debias),
+            debias=V.check_bool("debias", debias),
             backend=_GEOMLOSS_BACKENDS[backend],
             precision=precision,
-            check_finite=bool(check_finite),
-            p=int(p),
+            check_finite=V.check_bool("check_finite", check_finite),
+            p=int(p_value),
         )
-        self.potentials = bool(potentials)
+        self.potentials = V.check_bool("potentials", potentials)
 
     def forward(
         self, *args: torch.Tensor | None

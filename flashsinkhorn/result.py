@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ._validation import check_int
 from .backends.base import Backend
 from .problem import Problem
 from .solvers.objective import marginal_error as _marginal_error
@@ -231,6 +232,7 @@ class SinkhornResult:
         Raises:
             ValueError: above ``max_elements``; use :meth:`apply` / :meth:`apply_T` instead.
         """
+        max_elements = check_int("max_elements", max_elements, 1)
         problem = self.solution.problem
         X, Y = problem.X, problem.Y
         size = problem.B * X.n * Y.n

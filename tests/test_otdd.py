@@ -380,7 +380,7 @@ def test_class_with_zero_weights_is_refused():
     x1, l1, x2, l2 = _ok()
     a1 = torch.ones(7, dtype=D64)
     a1[l1 == 1] = 0.0
-    with pytest.raises(ValueError, match=r"weights of classes \[1\] of l1 are all zero"):
+    with pytest.raises(ValueError, match=r"a1 is zero on every point of classes \[1\] of l1"):
         class_distance_matrix(x1, l1, x2, l2, eps=0.5, a1=a1 / a1.sum())
 
 

@@ -90,6 +90,8 @@ class HessianOperator:
         **solver_options,
     ):
         V.check_choice("wrt", wrt, WRT)
+        debias = V.check_bool("debias", debias)
+        warm_start = V.check_bool("warm_start", warm_start)
         V.check_points("x", x)
         V.check_points("y", y)
         V.check_pair(x, y)
@@ -106,7 +108,7 @@ class HessianOperator:
         opts = SinkhornOptions.build(x, y, **{"n_iters": 1000, "tol": 1e-6, **solver_options,
                                               "eps": eps})  # fmt: skip
         self.wrt = wrt
-        self.warm_start = bool(warm_start)
+        self.warm_start = warm_start
         self.batched = x.dim() == 3
         own = x if wrt == "x" else y
         self.shape = tuple(own.shape)

@@ -23,6 +23,7 @@ from ._labels import (
     Classes,
     check_class_weights,
     check_cloud,
+    check_finite_clouds,
     check_labels,
     check_num_classes,
     check_pair,
@@ -192,18 +193,20 @@ def class_distance_matrix(
     V2 = check_labels("l2", l2, x2, v2)
     a1 = check_class_weights("a1", a1, x1)
     a2 = check_class_weights("a2", a2, x2)
+    if V.check_bool("check_finite", check_finite):
+        check_finite_clouds(("x1", x1), ("x2", x2))
     # The solver options, checked before anything runs.
     solver = SinkhornOptions.build(**public_options(locals()))
     eps, diameter = solver.eps, solver.diameter
     if max_batch_elements is None:
         max_batch_elements = MAX_BATCH_ELEMENTS
     max_batch_elements = V.check_int("max_batch_elements", max_batch_elements, 1)
-    if not isinstance(differentiable, bool):
-        raise TypeError(f"differentiable must be a bool, got {type(differentiable).__name__}")
+    differentiable = V.check_bool("differentiable", differentiable)
+    progress = V.check_bool("progress", progress)
 
     wdtype = torch.float64 if x1.dtype == torch.float64 else torch.float32
-    c1 = group_classes("l1", l1, a1, V1, wdtype)
-    c2 = group_classes("l2", l2, a2, V2, wdtype)
+    c1 = group_classes("l1", l1, a1, V1, wdtype, "a1")
+    c2 = group_classes("l2", l2, a2, V2, wdtype, "a2")
     if scaling is not None and diameter is None:
         with torch.no_grad():
             diameter = estimate_diameter(x1.detach()[None], x2.detach()[None])
