@@ -189,6 +189,21 @@ def check_bool(name: str, v: object) -> bool:
     return bool(v)
 
 
+def check_divergence_rho(rho_x: float | None, rho_y: float | None) -> None:
+    """A Sinkhorn divergence needs the same relaxation on both marginals (checked values).
+
+    With rho_x != rho_y, OT(a, b) != OT(b, a) and no combination of the self terms gives both
+    S(a, a) = 0 and S >= 0 (docs/transport.md, "Unbalanced divergences"), so it is refused.
+    """
+    if rho_x != rho_y:
+        raise ValueError(
+            "a Sinkhorn divergence needs rho_x == rho_y: both None (balanced) or the same "
+            f"number (unbalanced), got rho_x={rho_x!r} and rho_y={rho_y!r}; with a relaxation "
+            "on one side only (or two different ones) the debiased loss is neither zero at "
+            "a = b nor nonnegative. Use ot_cost for semi-unbalanced or asymmetric OT"
+        )
+
+
 def check_choice(name: str, v: object, choices: Sequence[str]) -> str:
     """Checks that ``v`` is one of ``choices``."""
     if not isinstance(v, str) or v not in choices:

@@ -149,13 +149,15 @@ def sinkhorn_divergence(
 ) -> torch.Tensor:
     """Debiased Sinkhorn divergence S = OT(a, b) − ½ OT(a, a) − ½ OT(b, b).
 
-    With KL-relaxed marginals the unbalanced debiasing term eps/2 (m_a − m_b)² is added
-    (Séjourné et al.), so that S >= 0 also for unequal masses.
+    With KL-relaxed marginals (``rho_x == rho_y = rho``) the unbalanced debiasing term
+    eps/2 (m_a − m_b)² is added (Séjourné et al.), so that S >= 0 also for unequal masses.
 
     S ≥ 0, S(a, a) = 0 and S(a, b) = S(b, a) (up to the solver tolerance); it is the training
-    loss most users want. Options as in :func:`ot_cost`; the symmetric terms use ``rho_x``
-    (resp. ``rho_y``) on both of their sides, and with ``scaling`` all three solves anneal
-    from the same diameter (that of both clouds, estimated when None).
+    loss most users want. Options as in :func:`ot_cost`, except that ``rho_x`` and ``rho_y``
+    must be equal (both None, or the same number): a relaxation of one marginal only, or two
+    different ones, has no debiased divergence with S(a, a) = 0 and S >= 0 (a ValueError;
+    docs/transport.md). With ``scaling`` all three solves anneal from the same diameter (that
+    of both clouds, estimated when None).
 
     The cost arguments (``cost``, ``feature_map``, ``label_x``, ``label_y``, ``label_cost``,
     ``feature_weight``, ``label_weight``) are those of :func:`ot_cost`; the self terms use
@@ -168,6 +170,7 @@ def sinkhorn_divergence(
     V.check_points("y", y)
     V.check_pair(x, y)
     opts = SinkhornOptions.build(x, y, hvp_options=hvp_options, **public_options(locals()))
+    V.check_divergence_rho(opts.rho_x, opts.rho_y)
     spec = opts.cost
     xt, yt = transform_points(x, spec), transform_points(y, spec)
     if opts.scaling is not None and opts.diameter is None:
@@ -175,14 +178,13 @@ def sinkhorn_divergence(
             diameter = estimate_diameter(_batched(xt.detach()), _batched(yt.detach()))
         finite = diameter > 0 and math.isfinite(diameter)
         opts = opts.replace(diameter=diameter if finite else None)
-    rho_x, rho_y = opts.rho_x, opts.rho_y
     xy = _ot_cost_points(xt, yt, a, b, opts)
     xx = _ot_cost_points(xt, xt, a, a, opts.replace(
-        rho_y=rho_x, cost=spec.with_labels(spec.label_x, spec.label_x)))  # fmt: skip
+        cost=spec.with_labels(spec.label_x, spec.label_x)))  # fmt: skip
     yy = _ot_cost_points(yt, yt, b, b, opts.replace(
-        rho_x=rho_y, cost=spec.with_labels(spec.label_y, spec.label_y)))  # fmt: skip
+        cost=spec.with_labels(spec.label_y, spec.label_y)))  # fmt: skip
     div = xy - 0.5 * (xx + yy)
-    if rho_x is None and rho_y is None:
+    if opts.rho_x is None:
         return div
     # Unbalanced debiasing (Séjourné et al.): with the generalised KL in OT_eps, the two
     # self terms over-correct by eps/2 (m_a − m_b)²; adding it back keeps S >= 0 (the fuzzing

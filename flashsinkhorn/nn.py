@@ -47,10 +47,11 @@ class SinkhornDivergence(torch.nn.Module):
         if unknown:
             raise TypeError(f"SinkhornDivergence got unexpected options: {sorted(unknown)}")
         # The solver settings are checked now; the cost ones need the clouds (at the call).
-        SinkhornOptions.build(
+        opts = SinkhornOptions.build(
             eps=self.eps, hvp_options=options.get("hvp_options"),
             **{k: v for k, v in options.items() if k in SOLVER_DEFAULTS},
         )  # fmt: skip
+        V.check_divergence_rho(opts.rho_x, opts.rho_y)
         self.options = options
 
     def forward(
