@@ -13,6 +13,7 @@ import math
 import torch
 
 from . import _validation as V
+from ._convergence import SolveReport, report, warn_unconverged
 from .autograd import OTCostFunction
 from .costs import transform_points
 from .engine import solve_points
@@ -20,12 +21,18 @@ from .options import SinkhornOptions, public_options
 from .solvers import estimate_diameter
 
 
-def _ot_cost_points(x, y, a, b, opts: SinkhornOptions) -> torch.Tensor:
-    """OT_eps of already transformed points (differentiable, label_cost included)."""
+def _ot_cost_points(
+    x, y, a, b, opts: SinkhornOptions, reports: list[SolveReport] | None = None, label: str = ""
+) -> torch.Tensor:
+    """OT_eps of already transformed points (differentiable, label_cost included); appends
+    how the solve ended to ``reports``."""
     spec = opts.cost
 
     def solve(x, y, a, b):
-        return solve_points(x, y, a, b, opts)
+        res = solve_points(x, y, a, b, opts)
+        if reports is not None:
+            reports.append(report(label, res))
+        return res
 
     return OTCostFunction.apply(
         x, y, a, b, solve, opts.hvp, spec.label_cost, spec.label_weight, spec.is_default
@@ -105,12 +112,25 @@ def ot_cost(
         RuntimeError: when differentiated twice through the weights, or through an
             unbalanced problem (second derivatives exist for x and y of balanced OT only).
     """
+    reports: list[SolveReport] = []
+    opts, out = ot_cost_reported(
+        x, y, a, b, reports, "OT(x, y)", hvp_options=hvp_options, **public_options(locals())
+    )
+    warn_unconverged("ot_cost", reports, opts.n_iters, opts.tol)
+    return out
+
+
+def ot_cost_reported(
+    x, y, a, b, reports: list[SolveReport], label: str, *, hvp_options=None, **options
+) -> tuple[SinkhornOptions, torch.Tensor]:
+    """:func:`ot_cost` without its warning: the solve's report goes to ``reports``, for a
+    caller that runs several solves and warns once (OTDD)."""
     V.check_points("x", x)
     V.check_points("y", y)
     V.check_pair(x, y)
-    opts = SinkhornOptions.build(x, y, hvp_options=hvp_options, **public_options(locals()))
-    return _ot_cost_points(transform_points(x, opts.cost), transform_points(y, opts.cost), a, b,
-                           opts)  # fmt: skip
+    opts = SinkhornOptions.build(x, y, hvp_options=hvp_options, **options)
+    xt, yt = transform_points(x, opts.cost), transform_points(y, opts.cost)
+    return opts, _ot_cost_points(xt, yt, a, b, opts, reports, label)
 
 
 def _batched(t: torch.Tensor) -> torch.Tensor:
@@ -166,11 +186,27 @@ def sinkhorn_divergence(
     Returns:
         A 0-d tensor, or (B,) for batched inputs, differentiable w.r.t. x, y, a, b.
     """
+    return divergence(
+        "sinkhorn_divergence", x, y, a, b, hvp_options=hvp_options, **public_options(locals())
+    )
+
+
+def divergence(where: str, x, y, a, b, *, hvp_options=None, **options) -> torch.Tensor:
+    """:func:`sinkhorn_divergence` for the public function ``where`` (named in warnings)."""
     V.check_points("x", x)
     V.check_points("y", y)
     V.check_pair(x, y)
-    opts = SinkhornOptions.build(x, y, hvp_options=hvp_options, **public_options(locals()))
+    opts = SinkhornOptions.build(x, y, hvp_options=hvp_options, **options)
     V.check_divergence_rho(opts.rho_x, opts.rho_y)
+    reports: list[SolveReport] = []
+    out = divergence_points(x, y, a, b, opts, reports)
+    warn_unconverged(where, reports, opts.n_iters, opts.tol)
+    return out
+
+
+def divergence_points(x, y, a, b, opts: SinkhornOptions, reports: list[SolveReport]):
+    """S_eps of checked clouds with validated options (``rho_x == rho_y``); the three solves
+    append their reports (for the caller's :func:`warn_unconverged`)."""
     spec = opts.cost
     xt, yt = transform_points(x, spec), transform_points(y, spec)
     if opts.scaling is not None and opts.diameter is None:
@@ -178,11 +214,12 @@ def sinkhorn_divergence(
             diameter = estimate_diameter(_batched(xt.detach()), _batched(yt.detach()))
         finite = diameter > 0 and math.isfinite(diameter)
         opts = opts.replace(diameter=diameter if finite else None)
-    xy = _ot_cost_points(xt, yt, a, b, opts)
-    xx = _ot_cost_points(xt, xt, a, a, opts.replace(
-        cost=spec.with_labels(spec.label_x, spec.label_x)))  # fmt: skip
-    yy = _ot_cost_points(yt, yt, b, b, opts.replace(
-        cost=spec.with_labels(spec.label_y, spec.label_y)))  # fmt: skip
+    xy = _ot_cost_points(xt, yt, a, b, opts, reports, "OT(x, y)")
+    own = opts.for_self_transport()
+    xx = _ot_cost_points(xt, xt, a, a, own.replace(
+        cost=spec.with_labels(spec.label_x, spec.label_x)), reports, "OT(x, x)")  # fmt: skip
+    yy = _ot_cost_points(yt, yt, b, b, own.replace(
+        cost=spec.with_labels(spec.label_y, spec.label_y)), reports, "OT(y, y)")  # fmt: skip
     div = xy - 0.5 * (xx + yy)
     if opts.rho_x is None:
         return div

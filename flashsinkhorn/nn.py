@@ -10,7 +10,7 @@ import torch
 from . import _validation as V
 from .autograd.samples_loss import GeomLossSpec, SamplesLossFunction, geomloss_potentials
 from .costs import COST_DEFAULTS
-from .losses import sinkhorn_divergence
+from .losses import divergence
 from .options import SOLVER_DEFAULTS, SinkhornOptions
 
 _GEOMLOSS_BACKENDS = {
@@ -62,7 +62,7 @@ class SinkhornDivergence(torch.nn.Module):
         b: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """S between (x, a) and (y, b); () or (B,)."""
-        return sinkhorn_divergence(x, y, a, b, eps=self.eps, **self.options)
+        return divergence("SinkhornDivergence", x, y, a, b, eps=self.eps, **self.options)
 
     def extra_repr(self) -> str:
         opts = "".join(f", {k}={v!r}" for k, v in self.options.items())

@@ -243,6 +243,19 @@ class SinkhornOptions:
                     scaling = 0.5
         return replace(self, schedule=schedule, acceleration=accel, scaling=scaling)
 
+    def for_self_transport(self) -> SinkhornOptions:
+        """The options of a self term OT(a, a) (debiasing, OTDD's class self terms).
+
+        With "auto" schedule and acceleration it runs the symmetric schedule: from zero
+        potentials its iterates stay symmetric (f = g), which is the averaged self update, and
+        converges in a few iterations, while the alternating schedule breaks the symmetry and
+        crawls (more than 20,000 iterations short of 1e-8 on 11 points at eps = 0.1, against
+        10 to 1e-15). An explicit choice is kept.
+        """
+        if self.schedule != "auto" or self.acceleration != "auto":
+            return self
+        return replace(self, schedule="symmetric", acceleration="none")
+
     def replace(self, **changes) -> SinkhornOptions:
         """A copy with some fields changed (the new values are trusted: validate first)."""
         return replace(self, **changes)

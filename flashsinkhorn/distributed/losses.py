@@ -222,6 +222,9 @@ def sinkhorn_divergence(
     common = {**public_options(locals()), "group": group, "mode": mode}
     del common["rho_x"], common["rho_y"]
     xy = ot_cost(x_local, y_local, a_local, b_local, rho_x=rho_x, rho_y=rho_y, **common)
+    # The self terms as in the single-process divergence (SinkhornOptions.for_self_transport).
+    if schedule == "auto" and acceleration == "auto":
+        common.update(schedule="symmetric", acceleration="none")
     xx = ot_cost(x_local, x_local, a_local, a_local, rho_x=rho_x, rho_y=rho_x, **common)
     yy = ot_cost(y_local, y_local, b_local, b_local, rho_x=rho_y, rho_y=rho_y, **common)
     div = xy - 0.5 * (xx + yy)

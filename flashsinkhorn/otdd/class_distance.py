@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 
 from .. import _validation as V
-from ..losses import ot_cost
+from .._convergence import SolveReport, warn_unconverged
+from ..losses import ot_cost_reported
 from ..options import SinkhornOptions, public_options
 from ..solvers import estimate_diameter
 from ._labels import (
@@ -230,6 +231,15 @@ def class_distance_matrix(
             bar.update(1)
 
     grad_ctx = torch.enable_grad() if differentiable else torch.no_grad()
+    reports: list[SolveReport] = []
+
+    own = solver.for_self_transport()
+    self_options = {**options, "schedule": own.schedule, "acceleration": own.acceleration}
+
+    def ot_cost(x, y, a, b, label):
+        kw = self_options if label == "self terms" else options
+        return ot_cost_reported(x, y, a, b, reports, label, **kw)[1]
+
     try:
         with grad_ctx:
             self_idx, self_val, self_ot = [], [], None
@@ -237,7 +247,7 @@ def class_distance_matrix(
             for s, t, ii, jj, Ns, Nt in jobs:
                 if t is None:  # self terms OT(α_k, α_k) of dataset s, once per class
                     xs, ws = gathered(s, ii, Ns)
-                    self_val.append(ot_cost(xs, xs, ws, ws, **options))
+                    self_val.append(ot_cost(xs, xs, ws, ws, "self terms"))
                     self_idx.append(ii.to(x1.device) + sets[s][2])
                     advance()
                     continue
@@ -246,7 +256,7 @@ def class_distance_matrix(
                     self_ot = self_ot.index_put((torch.cat(self_idx),), torch.cat(self_val))
                 xs, ws = gathered(s, ii, Ns)
                 xt, wt = gathered(t, jj, Nt)
-                ot = ot_cost(xs, xt, ws, wt, **options)
+                ot = ot_cost(xs, xt, ws, wt, "class pairs")
                 gi = ii.to(x1.device) + sets[s][2]
                 gj = jj.to(x1.device) + sets[t][2]
                 vals.append(ot - 0.5 * (self_ot[gi] + self_ot[gj]))
@@ -260,4 +270,7 @@ def class_distance_matrix(
     finally:
         if bar is not None:
             bar.close()
+    warn_unconverged(
+        "class_distance_matrix", reports, solver.n_iters, solver.tol, "batched Sinkhorn solve"
+    )
     return W

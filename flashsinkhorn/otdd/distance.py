@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from .. import _validation as V
-from ..losses import sinkhorn_divergence
+from .._convergence import reported_as
+from ..losses import divergence
 from ..options import SinkhornOptions, public_options
 from ._labels import (
     check_class_weights,
@@ -177,10 +178,11 @@ def otdd_distance(
                     f"w_options got unknown keys {unknown}; allowed: {', '.join(_W_OPTIONS)}"
                 )
             opts.update(w_options)
-        label_cost = class_distance_matrix(
-            x1, l1, x2, l2, a1=a1, a2=a2, num_classes=(V1, V2),
-            differentiable=differentiable_w, **opts,
-        )  # fmt: skip
+        with reported_as("otdd_distance"):
+            label_cost = class_distance_matrix(
+                x1, l1, x2, l2, a1=a1, a2=a2, num_classes=(V1, V2),
+                differentiable=differentiable_w, **opts,
+            )  # fmt: skip
     else:
         _check_label_cost(label_cost, V1 + V2, x1)
         if w_options is not None or differentiable_w:
@@ -188,9 +190,9 @@ def otdd_distance(
                 "w_options and differentiable_w apply to a W built here; they must be left "
                 "unset when label_cost is given"
             )
-    return sinkhorn_divergence(
-        x1, x2, a1, a2, label_x=l1, label_y=l2.long() + V1, label_cost=label_cost,
-        feature_weight=fw, label_weight=lw, **outer,
+    return divergence(
+        "otdd_distance", x1, x2, a1, a2, label_x=l1, label_y=l2.long() + V1,
+        label_cost=label_cost, feature_weight=fw, label_weight=lw, **outer,
     )  # fmt: skip
 
 
