@@ -94,7 +94,11 @@ class SamplesLoss(torch.nn.Module):
         kernel: only None (accepted for signature compatibility).
         cluster_scale: only None (accepted for signature compatibility).
         debias: return the debiased divergence. Default True.
-        potentials: return the pair of dual potentials (F, G) instead of the value.
+        potentials: return the pair of dual potentials (F, G) instead of the value, in
+            GeomLoss's shapes: (1, N) and (1, M) for (N, D) clouds, (B, N) and (B, M) for
+            batches, and (N,), (M,) where GeomLoss would run its multiscale routine
+            (``backend="multiscale"``, or "auto" above 10⁸ point pairs in <= 3 dimensions,
+            for unbatched clouds or a batch of one). Default False.
         verbose: accepted and ignored (a bool).
         backend: "auto" (Triton on CUDA, torch otherwise), "tensorized" (= "torch"),
             "online"/"multiscale" (= "auto"), "torch" or "triton".
@@ -156,6 +160,7 @@ class SamplesLoss(torch.nn.Module):
             precision=precision,
             check_finite=V.check_bool("check_finite", check_finite),
             p=int(p_value),
+            route=backend,
         )
         self.potentials = V.check_bool("potentials", potentials)
 

@@ -148,3 +148,45 @@ def test_bad_call():
         fs.SamplesLoss()(x)
     with pytest.raises(ValueError, match="a must have shape"):
         fs.SamplesLoss()(torch.ones(4) / 4, x, torch.ones(5) / 5, x)
+
+
+# ----- potentials in GeomLoss's shapes -----
+
+
+@pytest.mark.parametrize("form", ["xy", "weights", "weights_n1"])
+@pytest.mark.parametrize("B", [0, 1, 3])
+def test_potential_shapes_match_geomloss(B, form):
+    # (N, D) clouds: GeomLoss returns (1, N) and (1, M) potentials; we returned (N,), (M,).
+    a, x, b, y = [t.detach() for t in _data(B)]
+    if form == "xy":
+        args = (x, y)
+    elif form == "weights":
+        args = (a, x, b, y)
+    else:
+        args = (a[..., None], x, b[..., None], y)
+    F1, G1 = geomloss.SamplesLoss(backend="tensorized", potentials=True)(*args)
+    for backend in ("tensorized", "auto", "online"):
+        F2, G2 = fs.SamplesLoss(backend=backend, potentials=True)(*args)
+        assert F2.shape == F1.shape == ((B or 1), 13) and G2.shape == G1.shape == ((B or 1), 10)
+        assert _rel(F2, F1) < 1e-6 and _rel(G2, G1) < 1e-6
+
+
+def test_potential_shapes_of_the_multiscale_route():
+    # GeomLoss's multiscale routine keeps (N,) for unbatched clouds and a batch of one (it
+    # squeezes the batch); with more it falls back to the tensorized one, (B, N).
+    from flashsinkhorn.autograd.samples_loss import geomloss_multiscale
+
+    a, x, b, y = [t.detach() for t in _data(0)]
+    F, G = fs.SamplesLoss(backend="multiscale", potentials=True)(x, y)
+    assert F.shape == (13,) and G.shape == (10,)
+    F, G = fs.SamplesLoss(backend="multiscale", potentials=True)(x[None], y[None])
+    assert F.shape == (13,) and G.shape == (10,)
+    F, G = fs.SamplesLoss(backend="multiscale", potentials=True)(x.expand(2, 13, 3),
+                                                                 y.expand(2, 10, 3))  # fmt: skip
+    assert F.shape == (2, 13)
+    # "auto" takes it above 10^8 point pairs in <= 3 dimensions for p = 2 only
+    assert geomloss_multiscale("auto", 0, 10_001, 10_000, 3, 2)
+    assert not geomloss_multiscale("auto", 0, 10_000, 10_000, 3, 2)
+    assert not geomloss_multiscale("auto", 0, 10_001, 10_000, 4, 2)
+    assert not geomloss_multiscale("auto", 0, 10_001, 10_000, 3, 1)
+    assert not geomloss_multiscale("auto", 2, 10_001, 10_000, 3, 2)

@@ -51,6 +51,27 @@ class GeomLossSpec:
     #: GeomLoss's exponent: 2 (C = ½‖x − y‖², eps = blur², rho = reach²) or 1 (C = ‖x − y‖,
     #: eps = blur, rho = reach; the distance is sqrt(max(‖x − y‖², 1e-8)) as in GeomLoss).
     p: int = 2
+    #: The ``backend`` argument as the caller wrote it: it decides the potentials' shape.
+    route: str = "auto"
+
+
+def geomloss_multiscale(route: str, batch: int, n: int, m: int, d: int, p: int) -> bool:
+    """Whether GeomLoss 0.3.1 runs its "multiscale" routine for these inputs (``batch`` = 0
+    for unbatched clouds): asked for, or chosen by "auto" above 10⁸ point pairs in <= 3
+    dimensions for p = 2; with a batch of more than one it falls back to "tensorized"."""
+    if route == "auto":
+        route = "multiscale" if n * m > 10000**2 and d <= 3 and p == 2 else "tensorized"
+    return route == "multiscale" and batch <= 1
+
+
+def potentials_shape(F: torch.Tensor, x: torch.Tensor, y: torch.Tensor, spec) -> torch.Tensor:
+    """GeomLoss's shape of a potential computed as (B, n): it returns ``F.view_as(α)`` with α
+    the weights as its routine saw them, (B, n) for the tensorized and online routines (B = 1
+    for unbatched clouds) and (n,) for the multiscale one."""
+    batch = x.shape[0] if x.dim() == 3 else 0
+    if geomloss_multiscale(spec.route, batch, x.shape[-2], y.shape[-2], x.shape[-1], spec.p):
+        return F.reshape(F.shape[-1])
+    return F
 
 
 def _k(spec: GeomLossSpec) -> float:
@@ -234,7 +255,8 @@ def _reduce(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def geomloss_potentials(x, y, a, b, spec: GeomLossSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """GeomLoss's ``potentials=True`` output (F, G) in half-cost units; not differentiable."""
+    """GeomLoss's ``potentials=True`` output (F, G) in half-cost units, in GeomLoss's shapes
+    (:func:`potentials_shape`: (1, n) for unbatched clouds); not differentiable."""
     impl = resolve_backend(spec.backend, x.device, x.dtype)
     prec = resolve_precision(spec.precision, impl.name, x.dtype)
     k = _k(spec)
@@ -245,4 +267,4 @@ def geomloss_potentials(x, y, a, b, spec: GeomLossSpec) -> tuple[torch.Tensor, t
         F, G = loop.f / k, loop.g / k
         if spec.debias:
             F, G = F - loop.p / k, G - loop.q / k
-    return problem.unbatch(F), problem.unbatch(G)
+    return potentials_shape(F, x, y, spec), potentials_shape(G, y, x, spec)
