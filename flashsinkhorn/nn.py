@@ -11,7 +11,7 @@ from . import _validation as V
 from .autograd.samples_loss import GeomLossSpec, SamplesLossFunction, geomloss_potentials
 from .costs import COST_DEFAULTS
 from .losses import divergence
-from .options import SOLVER_DEFAULTS, SinkhornOptions
+from .options import SOLVER_DEFAULTS, HVPOptions, SinkhornOptions
 
 _GEOMLOSS_BACKENDS = {
     "auto": "auto",
@@ -105,6 +105,11 @@ class SamplesLoss(torch.nn.Module):
         precision: dot-product precision, as in :func:`flashsinkhorn.sinkhorn`. Default "auto".
         check_finite: check the points and weights for NaN/inf before solving (one device
             synchronisation); False skips it. Default True.
+        hvp_options: Schur-solve settings of second derivatives, as in
+            :func:`flashsinkhorn.ot_cost` (keys ``tau``, ``cg_tol``, ``cg_max_iter``,
+            ``cg_check_every``). Differentiating the point gradients again
+            (``create_graph=True``) applies the streaming HVP of the debiased divergence for
+            p = 2 without ``reach`` (docs/hvp.md); p = 1 and ``reach`` refuse it.
 
     Call forms: ``loss(x, y)`` (uniform weights) and ``loss(a, x, b, y)``; points (N, D) or
     (B, N, D); weights (N,), (N, 1), (B, N) or (B, N, 1). Returns () or (B,), or (F, G).
@@ -129,6 +134,7 @@ class SamplesLoss(torch.nn.Module):
         backend: str = "auto",
         precision: str = "auto",
         check_finite: bool = True,
+        hvp_options: dict | None = None,
     ):
         super().__init__()
         if loss != "sinkhorn":
@@ -161,6 +167,7 @@ class SamplesLoss(torch.nn.Module):
             check_finite=V.check_bool("check_finite", check_finite),
             p=int(p_value),
             route=backend,
+            hvp=HVPOptions.build(hvp_options),
         )
         self.potentials = V.check_bool("potentials", potentials)
 
