@@ -4,6 +4,7 @@ Each Sinkhorn half-step is an online log-sum-exp over streamed tiles (Triton on 
 n × m cost matrix is never stored. A plain PyTorch backend runs everywhere else.
 """
 
+from ._convergence import ConvergenceWarning
 from .functional import sinkhorn, solve
 from .losses import ot_cost, sinkhorn_divergence
 from .nn import SamplesLoss, SinkhornDivergence
@@ -12,6 +13,7 @@ from .result import SinkhornResult
 __version__ = "0.1.0"
 
 __all__ = [
+    "ConvergenceWarning",
     "SamplesLoss",
     "SinkhornDivergence",
     "SinkhornResult",

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from numbers import Real
+from numbers import Integral, Real
 
+import numpy as np
 import torch
 
 SCHEDULES = ("auto", "symmetric", "alternating")
@@ -34,6 +35,11 @@ def check_points(name: str, x: object) -> torch.Tensor:
         raise ValueError(f"{name} must be 2-D (n, d) or 3-D (B, n, d), got shape {tuple(x.shape)}")
     if any(s == 0 for s in x.shape):
         raise ValueError(f"{name} must not be empty, got shape {tuple(x.shape)}")
+    if x.device.type == "meta":
+        raise ValueError(
+            f"{name} is a meta tensor (a shape without data): the solvers compute values, "
+            "pass a tensor on the CPU or a CUDA device"
+        )
     return x
 
 
@@ -90,32 +96,112 @@ def check_weights(name: str, w: object, points: torch.Tensor) -> torch.Tensor | 
     return w
 
 
+def describe(v: object) -> str:
+    """A short description of a value's type for error messages (dtype and shape of arrays)."""
+    if isinstance(v, (torch.Tensor, np.ndarray)):
+        return f"a {type(v).__name__} of dtype {v.dtype} and shape {tuple(v.shape)}"
+    return type(v).__name__
+
+
+def as_real(name: str, v: object, allowed: str) -> float:
+    """``v`` as a Python float: an int or float, a NumPy scalar or a 0-d real tensor.
+
+    ``bool`` (Python, NumPy or a bool tensor) is refused: ``True`` is not a number here.
+    Integers too large for a float become ``inf`` (the caller's range check rejects them).
+
+    Args:
+        name: the argument's name, for the message.
+        v: the value.
+        allowed: what the argument accepts, e.g. "a finite positive number".
+
+    Raises:
+        TypeError: not a real number.
+        ValueError: a tensor or array with more than zero dimensions.
+    """
+    if isinstance(v, (torch.Tensor, np.ndarray)):
+        if v.ndim != 0:
+            raise ValueError(
+                f"{name} must be {allowed} (a number or a 0-d tensor), got a "
+                f"{type(v).__name__} of shape {tuple(v.shape)}"
+            )
+        if isinstance(v, torch.Tensor):
+            if v.dtype == torch.bool or v.is_complex():
+                raise TypeError(f"{name} must be {allowed}, got a tensor of dtype {v.dtype}")
+            if v.device.type == "meta":
+                raise ValueError(f"{name} must be {allowed}, got a meta tensor (it has no value)")
+        v = v.item()
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, Real):
+        raise TypeError(f"{name} must be {allowed}, got {type(v).__name__}")
+    try:
+        return float(v)
+    except OverflowError:  # an int beyond the float range
+        return math.inf if v > 0 else -math.inf
+
+
 def check_positive(name: str, v: object, *, allow_none: bool = False) -> float | None:
     """Checks that ``v`` is a finite positive real number (or None when allowed)."""
     if v is None and allow_none:
         return None
-    if isinstance(v, torch.Tensor):
-        if v.numel() != 1:
-            raise ValueError(
-                f"{name} must be a positive number, got a tensor of shape {tuple(v.shape)}"
-            )
-        v = v.item()
-    if isinstance(v, bool) or not isinstance(v, Real):
-        allowed = "a finite positive number" + (" or None" if allow_none else "")
-        raise TypeError(f"{name} must be {allowed}, got {type(v).__name__}")
-    v = float(v)
+    allowed = "a finite positive number" + (" or None" if allow_none else "")
+    v = as_real(name, v, allowed)
     if not math.isfinite(v) or v <= 0:
         raise ValueError(f"{name} must be finite and > 0, got {v}")
     return v
 
 
+def check_nonnegative(name: str, v: object) -> float:
+    """Checks that ``v`` is a finite real number >= 0."""
+    v = as_real(name, v, "a finite number >= 0")
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"{name} must be finite and >= 0, got {v}")
+    return v
+
+
+def check_finite(name: str, v: object) -> float:
+    """Checks that ``v`` is a finite real number (any sign)."""
+    v = as_real(name, v, "a finite number")
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {v}")
+    return v
+
+
 def check_int(name: str, v: object, minimum: int) -> int:
-    """Checks that ``v`` is an integer >= ``minimum``."""
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {type(v).__name__}")
+    """Checks that ``v`` is an integer >= ``minimum``: a Python or NumPy integer, or a 0-d
+    integer tensor (``bool`` and floats, even integral ones, are refused)."""
+    if isinstance(v, torch.Tensor) and v.ndim == 0 and v.device.type != "meta":
+        integral = not (v.dtype == torch.bool or v.is_floating_point() or v.is_complex())
+        v = v.item() if integral else v
+    elif isinstance(v, np.ndarray) and v.ndim == 0 and np.issubdtype(v.dtype, np.integer):
+        v = v.item()
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, Integral):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {describe(v)}")
+    v = int(v)
     if v < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {v}")
     return v
+
+
+def check_bool(name: str, v: object) -> bool:
+    """Checks that ``v`` is ``True`` or ``False`` (a Python or NumPy bool); a truthy value of
+    another type (``'no'``, ``None``, ``1``) is refused rather than read as a flag."""
+    if not isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool (True or False), got {describe(v)}")
+    return bool(v)
+
+
+def check_divergence_rho(rho_x: float | None, rho_y: float | None) -> None:
+    """A Sinkhorn divergence needs the same relaxation on both marginals (checked values).
+
+    With rho_x != rho_y, OT(a, b) != OT(b, a) and no combination of the self terms gives both
+    S(a, a) = 0 and S >= 0 (docs/transport.md, "Unbalanced divergences"), so it is refused.
+    """
+    if rho_x != rho_y:
+        raise ValueError(
+            "a Sinkhorn divergence needs rho_x == rho_y: both None (balanced) or the same "
+            f"number (unbalanced), got rho_x={rho_x!r} and rho_y={rho_y!r}; with a relaxation "
+            "on one side only (or two different ones) the debiased loss is neither zero at "
+            "a = b nor nonnegative. Use ot_cost for semi-unbalanced or asymmetric OT"
+        )
 
 
 def check_choice(name: str, v: object, choices: Sequence[str]) -> str:

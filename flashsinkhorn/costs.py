@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from numbers import Real
 
 import torch
+
+from . import _validation as V
 
 COSTS = ("sqeuclidean", "euclidean", "cosine")
 
@@ -95,17 +96,6 @@ class CostSpec:
         return (self.label_x, self.label_y, self.label_weight * self.label_cost.detach())
 
 
-def _check_weight(name: str, v: object) -> float:
-    if isinstance(v, torch.Tensor) and v.numel() == 1:
-        v = v.item()
-    if isinstance(v, bool) or not isinstance(v, Real):
-        raise TypeError(f"{name} must be a finite number >= 0, got {type(v).__name__}")
-    v = float(v)
-    if not math.isfinite(v) or v < 0:
-        raise ValueError(f"{name} must be finite and >= 0, got {v}")
-    return v
-
-
 def _check_labels(name: str, lab: object, points: torch.Tensor) -> torch.Tensor:
     if not isinstance(lab, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of integer labels, got {type(lab)}")
@@ -151,8 +141,8 @@ def check_cost(
     """
     if not isinstance(cost, str) or cost not in COSTS:
         raise ValueError(f"cost must be one of {', '.join(map(repr, COSTS))}, got {cost!r}")
-    feature_weight = _check_weight("feature_weight", feature_weight)
-    label_weight = _check_weight("label_weight", label_weight)
+    feature_weight = V.check_nonnegative("feature_weight", feature_weight)
+    label_weight = V.check_nonnegative("label_weight", label_weight)
     d = x.shape[-1]
     if feature_map is not None:
         L = feature_map
@@ -273,9 +263,10 @@ def check_default_cost(options: dict, where: str) -> None:
     """Raises a ValueError when ``options`` select anything but the plain ‖x − y‖² cost."""
     for key, default in COST_DEFAULTS.items():
         v = options.get(key, default)
-        same = v is None if default is None else (isinstance(v, type(default)) and v == default)
-        if key == "feature_weight" and isinstance(v, Real) and not isinstance(v, bool):
-            same = float(v) == 1.0
+        if isinstance(default, float):  # a weight: any real number type, compared by value
+            same = V.check_nonnegative(key, v) == default
+        else:
+            same = v is None if default is None else (isinstance(v, type(default)) and v == default)
         if not same:
             raise ValueError(
                 f"{key}: {where} is implemented for the squared Euclidean cost only "

@@ -22,6 +22,7 @@ from .options import SinkhornOptions
 from .problem import Problem, prepare, stack_sides, stackable
 from .result import SinkhornResult
 from .solvers import SolveState, dual_value, eps_schedule, estimate_diameter, graphs, solve
+from .solvers.annealing import cost_range
 
 
 def resolve_precision(precision: str, backend_name: str, dtype: torch.dtype) -> str:
@@ -235,12 +236,14 @@ def schedule_for(problem, opts: SinkhornOptions, *, diameter=None, gpu: bool = F
         diameter = estimate_diameter(problem.X.x, problem.Y.x)
     power = kernel_costs.power(problem.cost)
     offset = float(problem.X.lcost.max()) if problem.has_labels and wants_range else 0.0
-    scale = diameter**power + offset if diameter else None
-    if scale is not None and not math.isfinite(scale):
-        scale = diameter = None  # non-finite points (check_finite=False): no ladder
+    if diameter is not None and not math.isfinite(diameter):
+        diameter = None  # non-finite points (check_finite=False): no ladder
+    # inf where diameter^power overflows: the rule then anneals, from the ladder's cap.
+    scale = cost_range(diameter, power, offset) if diameter else None
     work = problem.B * problem.X.n * problem.Y.n if gpu else None
     opts = opts.resolve(scale, work)
-    return opts, eps_schedule(opts.eps, opts.scaling, diameter, power, offset)
+    eps_list = eps_schedule(opts.eps, opts.scaling, diameter, power, offset, dtype=problem.dtype)
+    return opts, eps_list
 
 
 def _tensors(state: SolveState, value: torch.Tensor) -> tuple[torch.Tensor, ...]:

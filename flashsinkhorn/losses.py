@@ -12,6 +12,7 @@ import torch
 
 from . import _validation as V
 from ._boundary import entry_point
+from ._convergence import SolveReport, report, warn_unconverged
 from .autograd import OTCostFunction
 from .autograd.divergence import DivergenceFunction
 from .costs import transform_points
@@ -19,12 +20,18 @@ from .engine import solve_divergence, solve_points
 from .options import SinkhornOptions, public_options
 
 
-def _ot_cost_points(x, y, a, b, opts: SinkhornOptions) -> torch.Tensor:
-    """OT_eps of already transformed points (differentiable, label_cost included)."""
+def _ot_cost_points(
+    x, y, a, b, opts: SinkhornOptions, reports: list[SolveReport] | None = None, label: str = ""
+) -> torch.Tensor:
+    """OT_eps of already transformed points (differentiable, label_cost included); appends
+    how the solve ended to ``reports``."""
     spec = opts.cost
 
     def solve(x, y, a, b):
-        return solve_points(x, y, a, b, opts)
+        res = solve_points(x, y, a, b, opts)
+        if reports is not None:
+            reports.append(report(label, res))
+        return res
 
     return OTCostFunction.apply(
         x, y, a, b, solve, opts.hvp, spec.label_cost, spec.label_weight, spec.is_default
@@ -105,12 +112,25 @@ def ot_cost(
         RuntimeError: when differentiated twice through the weights, or through an
             unbalanced problem (second derivatives exist for x and y of balanced OT only).
     """
+    reports: list[SolveReport] = []
+    opts, out = ot_cost_reported(
+        x, y, a, b, reports, "OT(x, y)", hvp_options=hvp_options, **public_options(locals())
+    )
+    warn_unconverged("ot_cost", reports, opts.n_iters, opts.tol)
+    return out
+
+
+def ot_cost_reported(
+    x, y, a, b, reports: list[SolveReport], label: str, *, hvp_options=None, **options
+) -> tuple[SinkhornOptions, torch.Tensor]:
+    """:func:`ot_cost` without its warning: the solve's report goes to ``reports``, for a
+    caller that runs several solves and warns once (OTDD)."""
     V.check_points("x", x)
     V.check_points("y", y)
     V.check_pair(x, y)
-    opts = SinkhornOptions.build(x, y, hvp_options=hvp_options, **public_options(locals()))
-    return _ot_cost_points(transform_points(x, opts.cost), transform_points(y, opts.cost), a, b,
-                           opts)  # fmt: skip
+    opts = SinkhornOptions.build(x, y, hvp_options=hvp_options, **options)
+    xt, yt = transform_points(x, opts.cost), transform_points(y, opts.cost)
+    return opts, _ot_cost_points(xt, yt, a, b, opts, reports, label)
 
 
 @entry_point
@@ -146,13 +166,15 @@ def sinkhorn_divergence(
 ) -> torch.Tensor:
     """Debiased Sinkhorn divergence S = OT(a, b) − ½ OT(a, a) − ½ OT(b, b).
 
-    With KL-relaxed marginals the unbalanced debiasing term eps/2 (m_a − m_b)² is added
-    (Séjourné et al.), so that S >= 0 also for unequal masses.
+    With KL-relaxed marginals (``rho_x == rho_y = rho``) the unbalanced debiasing term
+    eps/2 (m_a − m_b)² is added (Séjourné et al.), so that S >= 0 also for unequal masses.
 
     S ≥ 0, S(a, a) = 0 and S(a, b) = S(b, a) (up to the solver tolerance); it is the training
-    loss most users want. Options as in :func:`ot_cost`; the symmetric terms use ``rho_x``
-    (resp. ``rho_y``) on both of their sides, and with ``scaling`` all three solves anneal
-    from the same diameter (that of both clouds, estimated when None).
+    loss most users want. Options as in :func:`ot_cost`, except that ``rho_x`` and ``rho_y``
+    must be equal (both None, or the same number): a relaxation of one marginal only, or two
+    different ones, has no debiased divergence with S(a, a) = 0 and S >= 0 (a ValueError;
+    docs/transport.md). With ``scaling`` all three solves anneal from the same diameter (that
+    of both clouds, estimated when None).
 
     The cost arguments (``cost``, ``feature_map``, ``label_x``, ``label_y``, ``label_cost``,
     ``feature_weight``, ``label_weight``) are those of :func:`ot_cost`; the self terms use
@@ -161,18 +183,36 @@ def sinkhorn_divergence(
     Returns:
         A 0-d tensor, or (B,) for batched inputs, differentiable w.r.t. x, y, a, b.
     """
+    return divergence(
+        "sinkhorn_divergence", x, y, a, b, hvp_options=hvp_options, **public_options(locals())
+    )
+
+
+def divergence(where: str, x, y, a, b, *, hvp_options=None, **options) -> torch.Tensor:
+    """:func:`sinkhorn_divergence` for the public function ``where`` (named in warnings)."""
     V.check_points("x", x)
     V.check_points("y", y)
     V.check_pair(x, y)
-    opts = SinkhornOptions.build(x, y, hvp_options=hvp_options, **public_options(locals()))
+    opts = SinkhornOptions.build(x, y, hvp_options=hvp_options, **options)
+    V.check_divergence_rho(opts.rho_x, opts.rho_y)
+    reports: list[SolveReport] = []
+    out = divergence_points(x, y, a, b, opts, reports)
+    warn_unconverged(where, reports, opts.n_iters, opts.tol)
+    return out
+
+
+def divergence_points(x, y, a, b, opts: SinkhornOptions, reports: list[SolveReport]):
+    """S_eps of checked clouds with validated options (``rho_x == rho_y``); the three solves
+    append their reports (for the caller's :func:`warn_unconverged`)."""
     spec = opts.cost
     xt, yt = transform_points(x, spec), transform_points(y, spec)
     terms = solve_divergence(xt, yt, a, b, opts)
+    labels = ("OT(x, y)", "OT(x, x)", "OT(y, y)")
+    reports += [report(lab, r) for lab, r in zip(labels, terms, strict=True)]
     div = DivergenceFunction.apply(
         xt, yt, a, b, terms, opts.hvp, spec.label_cost, spec.label_weight, spec.is_default
     )
-    rho_x, rho_y = opts.rho_x, opts.rho_y
-    if rho_x is None and rho_y is None:
+    if opts.rho_x is None:
         return div
     # Unbalanced debiasing (Séjourné et al.): with the generalised KL in OT_eps, the two
     # self terms over-correct by eps/2 (m_a − m_b)²; adding it back keeps S >= 0 (the fuzzing

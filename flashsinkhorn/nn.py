@@ -11,8 +11,8 @@ from . import _validation as V
 from ._boundary import entry_point
 from .autograd.samples_loss import GeomLossSpec, SamplesLossFunction, geomloss_potentials
 from .costs import COST_DEFAULTS
-from .losses import sinkhorn_divergence
-from .options import SOLVER_DEFAULTS, SinkhornOptions
+from .losses import divergence
+from .options import SOLVER_DEFAULTS, HVPOptions, SinkhornOptions
 
 _GEOMLOSS_BACKENDS = {
     "auto": "auto",
@@ -48,10 +48,11 @@ class SinkhornDivergence(torch.nn.Module):
         if unknown:
             raise TypeError(f"SinkhornDivergence got unexpected options: {sorted(unknown)}")
         # The solver settings are checked now; the cost ones need the clouds (at the call).
-        SinkhornOptions.build(
+        opts = SinkhornOptions.build(
             eps=self.eps, hvp_options=options.get("hvp_options"),
             **{k: v for k, v in options.items() if k in SOLVER_DEFAULTS},
         )  # fmt: skip
+        V.check_divergence_rho(opts.rho_x, opts.rho_y)
         self.options = options
 
     def forward(
@@ -62,7 +63,7 @@ class SinkhornDivergence(torch.nn.Module):
         b: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """S between (x, a) and (y, b); () or (B,)."""
-        return sinkhorn_divergence(x, y, a, b, eps=self.eps, **self.options)
+        return divergence("SinkhornDivergence", x, y, a, b, eps=self.eps, **self.options)
 
     def extra_repr(self) -> str:
         opts = "".join(f", {k}={v!r}" for k, v in self.options.items())
@@ -89,21 +90,31 @@ class SamplesLoss(torch.nn.Module):
         reach: None (balanced) or the KL relaxation length scale, rho = reach².
         diameter: start of the annealing; None estimates it from the bounding box.
         scaling: ratio between successive blur values, in (0, 1). Default 0.5.
-        truncate: accepted and ignored (a multiscale-only option).
+        truncate: accepted and ignored (a multiscale-only option); None or a number > 0.
         cost: only None (the squared Euclidean cost).
         kernel: only None (accepted for signature compatibility).
         cluster_scale: only None (accepted for signature compatibility).
         debias: return the debiased divergence. Default True.
-        potentials: return the pair of dual potentials (F, G) instead of the value.
-        verbose: accepted and ignored.
+        potentials: return the pair of dual potentials (F, G) instead of the value, in
+            GeomLoss's shapes: (1, N) and (1, M) for (N, D) clouds, (B, N) and (B, M) for
+            batches, and (N,), (M,) where GeomLoss would run its multiscale routine
+            (``backend="multiscale"``, or "auto" above 10⁸ point pairs in <= 3 dimensions,
+            for unbatched clouds or a batch of one). Default False.
+        verbose: accepted and ignored (a bool).
         backend: "auto" (Triton on CUDA, torch otherwise), "tensorized" (= "torch"),
             "online"/"multiscale" (= "auto"), "torch" or "triton".
         precision: dot-product precision, as in :func:`flashsinkhorn.sinkhorn`. Default "auto".
         check_finite: check the points and weights for NaN/inf before solving (one device
             synchronisation); False skips it. Default True.
+        hvp_options: Schur-solve settings of second derivatives, as in
+            :func:`flashsinkhorn.ot_cost` (keys ``tau``, ``cg_tol``, ``cg_max_iter``,
+            ``cg_check_every``). Differentiating the point gradients again
+            (``create_graph=True``) applies the streaming HVP of the debiased divergence for
+            p = 2 without ``reach`` (docs/hvp.md); p = 1 and ``reach`` refuse it.
 
     Call forms: ``loss(x, y)`` (uniform weights) and ``loss(a, x, b, y)``; points (N, D) or
     (B, N, D); weights (N,), (N, 1), (B, N) or (B, N, 1). Returns () or (B,), or (F, G).
+    The flags ``debias``, ``potentials``, ``verbose`` and ``check_finite`` must be bools.
     """
 
     def __init__(
@@ -124,37 +135,42 @@ class SamplesLoss(torch.nn.Module):
         backend: str = "auto",
         precision: str = "auto",
         check_finite: bool = True,
+        hvp_options: dict | None = None,
     ):
         super().__init__()
         if loss != "sinkhorn":
             raise ValueError(
                 f"loss must be 'sinkhorn' (the only loss supported so far), got {loss!r}"
             )
-        if isinstance(p, bool) or p not in (1, 2):
+        p_value = V.as_real("p", p, "1 or 2")
+        if p_value not in (1.0, 2.0):
             raise ValueError(f"p must be 1 or 2, got {p!r}")
         if cost is not None:
             raise ValueError("cost must be None: only the squared Euclidean cost is supported")
         if kernel is not None or cluster_scale is not None:
             raise ValueError("kernel and cluster_scale are not supported (loss='sinkhorn' only)")
-        if backend not in _GEOMLOSS_BACKENDS:
-            names = ", ".join(map(repr, _GEOMLOSS_BACKENDS))
-            raise ValueError(f"backend must be one of {names}, got {backend!r}")
+        V.check_choice("backend", backend, tuple(_GEOMLOSS_BACKENDS))
         V.check_choice("precision", precision, V.PRECISIONS)
         scaling = V.check_scaling(scaling)
         if scaling is None:
             raise ValueError("scaling must be in (0, 1), got None")
+        # Accepted for GeomLoss's signature and not used (multiscale only), but still a number.
+        V.check_positive("truncate", truncate, allow_none=True)
+        V.check_bool("verbose", verbose)
         self.spec = GeomLossSpec(
             blur=V.check_positive("blur", blur),
             reach=V.check_positive("reach", reach, allow_none=True),
             diameter=V.check_positive("diameter", diameter, allow_none=True),
             scaling=scaling,
-            debias=bool(debias),
+            debias=V.check_bool("debias", debias),
             backend=_GEOMLOSS_BACKENDS[backend],
             precision=precision,
-            check_finite=bool(check_finite),
-            p=int(p),
+            check_finite=V.check_bool("check_finite", check_finite),
+            p=int(p_value),
+            route=backend,
+            hvp=HVPOptions.build(hvp_options),
         )
-        self.potentials = bool(potentials)
+        self.potentials = V.check_bool("potentials", potentials)
 
     @entry_point
     def forward(

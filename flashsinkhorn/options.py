@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field, replace
-from numbers import Real
 
 import torch
 
@@ -66,14 +65,8 @@ class HVPOptions:
             if key not in allowed:
                 raise ValueError(f"{name}: unknown key {key!r} (allowed: {', '.join(allowed)})")
         out = {f: values.get(f, getattr(cls, f)) for f in allowed}
-        tau = out["tau"]
-        if isinstance(tau, bool) or not isinstance(tau, Real):
-            raise TypeError(f"tau must be a real number >= 0, got {type(tau).__name__}")
-        tau = float(tau)
-        if not (tau >= 0 and tau != float("inf")):
-            raise ValueError(f"tau must be finite and >= 0, got {tau}")
         return cls(
-            tau=tau,
+            tau=V.check_nonnegative("tau", out["tau"]),
             cg_tol=V.check_positive("cg_tol", out["cg_tol"]),
             cg_max_iter=V.check_int("cg_max_iter", out["cg_max_iter"], 1),
             cg_check_every=V.check_int("cg_check_every", out["cg_check_every"], 1),
@@ -179,9 +172,7 @@ class SinkhornOptions:
             raise TypeError("eps is required")
         s = {k: kw.get(k, d) for k, d in SOLVER_DEFAULTS.items()}
         cost_kw = {k: kw[k] for k in COST_DEFAULTS if k in kw}
-        check_finite = s["check_finite"]
-        if not isinstance(check_finite, bool):
-            raise TypeError(f"check_finite must be a bool, got {type(check_finite).__name__}")
+        check_finite = V.check_bool("check_finite", s["check_finite"])
         if cost_kw and x is None:
             raise TypeError("cost options need the point clouds to be checked against")
         if x is None or all(_is_default(k, v) for k, v in cost_kw.items()):
@@ -251,6 +242,19 @@ class SinkhornOptions:
                 elif ratio < 1e-3:
                     scaling = 0.5
         return replace(self, schedule=schedule, acceleration=accel, scaling=scaling)
+
+    def for_self_transport(self) -> SinkhornOptions:
+        """The options of a self term OT(a, a) (debiasing, OTDD's class self terms).
+
+        With "auto" schedule and acceleration it runs the symmetric schedule: from zero
+        potentials its iterates stay symmetric (f = g), which is the averaged self update, and
+        converges in a few iterations, while the alternating schedule breaks the symmetry and
+        crawls (more than 20,000 iterations short of 1e-8 on 11 points at eps = 0.1, against
+        10 to 1e-15). An explicit choice is kept.
+        """
+        if self.schedule != "auto" or self.acceleration != "auto":
+            return self
+        return replace(self, schedule="symmetric", acceleration="none")
 
     def replace(self, **changes) -> SinkhornOptions:
         """A copy with some fields changed (the new values are trusted: validate first)."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ._boundary import entry_point
+from ._validation import check_int
 from .backends.base import Backend
 from .backends.matrix import MATRIX, dense_plan
 from .problem import Problem
@@ -250,6 +251,7 @@ class SinkhornResult:
         Raises:
             ValueError: above ``max_elements``; use :meth:`apply` / :meth:`apply_T` instead.
         """
+        max_elements = check_int("max_elements", max_elements, 1)
         problem = self.solution.problem
         X, Y = problem.X, problem.Y
         size = problem.B * X.n * Y.n

@@ -78,16 +78,32 @@ TUNING = Tuning()
 _FIELDS = frozenset(f.name for f in dataclasses.fields(Tuning))
 
 
+def _checked(name: str, value: object) -> object:
+    """A switch's value checked against the type of its default."""
+    from . import _validation as V
+
+    default = getattr(Tuning, name)
+    if isinstance(default, bool):
+        return V.check_bool(name, value)
+    if isinstance(default, int) or name in ("softmin_split", "transport_split"):
+        return None if value is None and default is None else V.check_int(name, value, 1)
+    if name == "prepare_path":
+        return V.check_choice(name, value, ("auto", "triton", "torch"))
+    return value
+
+
 @contextlib.contextmanager
 def override(**changes) -> Iterator[Tuning]:
     """Sets some switches for the duration of a ``with`` block, then restores them.
 
     Raises:
-        ValueError: for a name that is not a field of :class:`Tuning`.
+        ValueError: for a name that is not a field of :class:`Tuning`, or a value out of range.
+        TypeError: for a value of the wrong type (a switch is a bool, a count an int).
     """
     unknown = sorted(set(changes) - _FIELDS)
     if unknown:
         raise ValueError(f"unknown tuning switch(es) {unknown}; known: {sorted(_FIELDS)}")
+    changes = {k: _checked(k, v) for k, v in changes.items()}
     saved = {k: getattr(TUNING, k) for k in changes}
     for k, v in changes.items():
         setattr(TUNING, k, v)

@@ -93,7 +93,8 @@ def _grad_check(rank, world, *, seed, loss="ot_cost", unbalanced=False, **kw):
     x, y, a, b = _data(seed, sum(sx), sum(sy))
     if unbalanced:
         b = 1.5 * b
-        kw.update(rho_x=1.0, rho_y=2.0)
+        # A divergence needs the same relaxation on both sides.
+        kw.update(rho_x=1.0, rho_y=2.0 if loss == "ot_cost" else 1.0)
     leaves = [t.clone().requires_grad_(True) for t in (x, y, a, b)]
     local = [
         _shard(t, s, rank).clone().requires_grad_(True)
@@ -144,6 +145,9 @@ def _bad_inputs(rank, world):
     )
     out["batched"] = _expect_error(lambda: fsd.sinkhorn(xl[None], yl[None], eps=0.5))
     out["float_eps_type"] = _expect_error(lambda: fsd.sinkhorn(xl, yl, eps="big"))
+    out["semi_unbalanced_divergence"] = _expect_error(
+        lambda: fsd.sinkhorn_divergence(xl, yl, al, bl, eps=0.5, rho_x=1.0)
+    )
     # The group is still in step after all those errors: a plain solve works.
     res = fsd.sinkhorn(xl, yl, al, bl, eps=0.5, tol=None, n_iters=3)
     ref = fs.sinkhorn(x, y, a, b, eps=0.5, tol=None, n_iters=3)
@@ -309,6 +313,7 @@ def test_bad_inputs_raise_on_every_rank(job):
         assert "a_local must be non-negative" in r["negative_weight"], r
         assert "2-D (n_local, d)" in r["batched"], r
         assert r["float_eps_type"].startswith("TypeError: eps"), r
+        assert "needs rho_x == rho_y" in r["semi_unbalanced_divergence"], r
         assert r["after_errors"] < TOL, r
 
 

@@ -111,11 +111,13 @@ def test_second_derivative_is_the_hvp():
     torch.testing.assert_close(hv, ref.hvp, rtol=1e-4, atol=1e-6)
 
 
-def test_second_derivative_raises_for_samples_loss():
+def test_second_derivative_raises_for_relaxed_samples_loss():
+    # SamplesLoss differentiates twice for p = 2 without reach (tests/test_samples_loss.py);
+    # with reach, as for unbalanced ot_cost, a second derivative is refused.
     x, y, _, _ = _clouds()
     x.requires_grad_(True)
     (gx,) = torch.autograd.grad(
-        fs.SamplesLoss(blur=0.3, backend="tensorized")(x, y), x, create_graph=True
+        fs.SamplesLoss(blur=0.3, reach=0.5, backend="tensorized")(x, y), x, create_graph=True
     )
     with pytest.raises(RuntimeError, match="second derivatives"):
         torch.autograd.grad(gx.sum(), x)

@@ -213,23 +213,31 @@ def test_half_divergence_and_samples_loss():
 
 
 @pytest.mark.parametrize(
-    "fn",
+    "fn,warns",
     [
-        lambda x, y, **k: fs.sinkhorn(x, y, eps=0.1, **k),
-        lambda x, y, **k: fs.ot_cost(x, y, eps=0.1, **k),
-        lambda x, y, **k: fs.sinkhorn_divergence(x, y, eps=0.1, **k),
-        lambda x, y, **k: fs.SinkhornDivergence(eps=0.1, **k)(x, y),
-        lambda x, y, **k: fs.SamplesLoss(blur=0.3, **k)(x, y),
+        (lambda x, y, **k: fs.sinkhorn(x, y, eps=0.1, **k), False),
+        (lambda x, y, **k: fs.ot_cost(x, y, eps=0.1, **k), True),
+        (lambda x, y, **k: fs.sinkhorn_divergence(x, y, eps=0.1, **k), True),
+        (lambda x, y, **k: fs.SinkhornDivergence(eps=0.1, **k)(x, y), True),
+        (lambda x, y, **k: fs.SamplesLoss(blur=0.3, **k)(x, y), False),
     ],
     ids=["sinkhorn", "ot_cost", "sinkhorn_divergence", "SinkhornDivergence", "SamplesLoss"],
 )
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_check_finite_default_and_opt_out(fn, bad):
+def test_check_finite_default_and_opt_out(fn, warns, bad):
     x, y = _clouds(6, 5, 2)
     x[2, 1] = bad
     with pytest.raises(ValueError, match="x must not contain NaN or inf"):
         fn(x, y, backend="torch")
-    # Opting out skips the check (one synchronisation less); the result is then not finite.
-    out = fn(x, y, backend="torch", check_finite=False)
-    out = out.value if isinstance(out, fs.SinkhornResult) else out
+    # Opting out skips the check (one synchronisation less); the result is then not finite,
+    # and the losses with a tolerance say that their solve diverged (sinkhorn's result says
+    # converged=False; SamplesLoss has no tolerance).
+    if warns:
+        with pytest.warns(fs.ConvergenceWarning, match="diverged"):
+            out = fn(x, y, backend="torch", check_finite=False)
+    else:
+        out = fn(x, y, backend="torch", check_finite=False)
+    if isinstance(out, fs.SinkhornResult):
+        assert out.converged is False
+        out = out.value
     assert not torch.isfinite(out).all()

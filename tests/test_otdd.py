@@ -166,7 +166,10 @@ def test_class_distance_matrix_properties():
     assert (off > 1e-3).all()
     # Identical datasets: the cross block carries the within-dataset distances and a zero
     # diagonal (class k against its copy).
-    Wsame = class_distance_matrix(x1, l1, x1.clone(), l1.clone(), eps=0.2, tol=1e-9)
+    # (identical classes: the symmetric schedule converges, the alternating one crawls there)
+    Wsame = class_distance_matrix(
+        x1, l1, x1.clone(), l1.clone(), eps=0.2, tol=1e-9, schedule="symmetric"
+    )
     V1 = 4
     assert torch.allclose(Wsame[:V1, V1:], Wsame[:V1, :V1], atol=1e-7)
     assert Wsame[:V1, V1:].diagonal().abs().max() <= 1e-7
@@ -283,14 +286,15 @@ def test_otdd_gradient_through_w_matches_finite_differences():
 
 def test_otdd_properties():
     x1, l1 = _dataset([4, 5, 3], 3, seed=50)
-    kw = dict(eps=0.5, tol=1e-10, n_iters=20000)
+    # identical datasets: the symmetric schedule converges (the alternating one crawls there)
+    kw = dict(eps=0.5, tol=1e-10, n_iters=20000, schedule="symmetric")
     same = otdd_distance(x1, l1, x1.clone(), l1.clone(), **kw)
     assert abs(same.item()) <= 1e-8
     x2, l2 = _dataset([4, 5, 3], 3, seed=51, shift=0.5)
-    # The symmetric schedule is itself symmetric under exchanging the datasets: a loose
-    # tolerance still gives the same iterations both ways.
-    d12 = otdd_distance(x1, l1, x2, l2, eps=0.5, tol=1e-5)
-    d21 = otdd_distance(x2, l2, x1, l1, eps=0.5, tol=1e-5)
+    # Exchanging the datasets gives the same distance; the cross term needs about 2,200
+    # iterations to reach the tolerance on these clouds.
+    d12 = otdd_distance(x1, l1, x2, l2, eps=0.5, tol=1e-5, n_iters=5000)
+    d21 = otdd_distance(x2, l2, x1, l1, eps=0.5, tol=1e-5, n_iters=5000)
     assert d12 > 1e-3
     assert torch.allclose(d12, d21, rtol=1e-8)
     # Shuffling labels of dataset 2 (a relabelled copy of dataset 1) changes nothing once
@@ -380,7 +384,7 @@ def test_class_with_zero_weights_is_refused():
     x1, l1, x2, l2 = _ok()
     a1 = torch.ones(7, dtype=D64)
     a1[l1 == 1] = 0.0
-    with pytest.raises(ValueError, match=r"weights of classes \[1\] of l1 are all zero"):
+    with pytest.raises(ValueError, match=r"a1 is zero on every point of classes \[1\] of l1"):
         class_distance_matrix(x1, l1, x2, l2, eps=0.5, a1=a1 / a1.sum())
 
 

@@ -149,3 +149,115 @@ def test_bad_call():
         fs.SamplesLoss()(x)
     with pytest.raises(ValueError, match="a must have shape"):
         fs.SamplesLoss()(torch.ones(4) / 4, x, torch.ones(5) / 5, x)
+
+
+# ----- potentials in GeomLoss's shapes -----
+
+
+@pytest.mark.parametrize("form", ["xy", "weights", "weights_n1"])
+@pytest.mark.parametrize("B", [0, 1, 3])
+def test_potential_shapes_match_geomloss(B, form):
+    # (N, D) clouds: GeomLoss returns (1, N) and (1, M) potentials; we returned (N,), (M,).
+    a, x, b, y = [t.detach() for t in _data(B)]
+    if form == "xy":
+        args = (x, y)
+    elif form == "weights":
+        args = (a, x, b, y)
+    else:
+        args = (a[..., None], x, b[..., None], y)
+    F1, G1 = geomloss.SamplesLoss(backend="tensorized", potentials=True)(*args)
+    for backend in ("tensorized", "auto", "online"):
+        F2, G2 = fs.SamplesLoss(backend=backend, potentials=True)(*args)
+        assert F2.shape == F1.shape == ((B or 1), 13) and G2.shape == G1.shape == ((B or 1), 10)
+        assert _rel(F2, F1) < 1e-6 and _rel(G2, G1) < 1e-6
+
+
+def test_potential_shapes_of_the_multiscale_route():
+    # GeomLoss's multiscale routine keeps (N,) for unbatched clouds and a batch of one (it
+    # squeezes the batch); with more it falls back to the tensorized one, (B, N).
+    from flashsinkhorn.autograd.samples_loss import geomloss_multiscale
+
+    a, x, b, y = [t.detach() for t in _data(0)]
+    F, G = fs.SamplesLoss(backend="multiscale", potentials=True)(x, y)
+    assert F.shape == (13,) and G.shape == (10,)
+    F, G = fs.SamplesLoss(backend="multiscale", potentials=True)(x[None], y[None])
+    assert F.shape == (13,) and G.shape == (10,)
+    F, G = fs.SamplesLoss(backend="multiscale", potentials=True)(x.expand(2, 13, 3),
+                                                                 y.expand(2, 10, 3))  # fmt: skip
+    assert F.shape == (2, 13)
+    # "auto" takes it above 10^8 point pairs in <= 3 dimensions for p = 2 only
+    assert geomloss_multiscale("auto", 0, 10_001, 10_000, 3, 2)
+    assert not geomloss_multiscale("auto", 0, 10_000, 10_000, 3, 2)
+    assert not geomloss_multiscale("auto", 0, 10_001, 10_000, 4, 2)
+    assert not geomloss_multiscale("auto", 0, 10_001, 10_000, 3, 1)
+    assert not geomloss_multiscale("auto", 2, 10_001, 10_000, 3, 2)
+
+
+# ----- second derivatives -----
+
+
+def _hvp_vs_finite_differences(loss, x, y, v, w, h=1e-5):
+    xx, yy = x.clone().requires_grad_(True), y.clone().requires_grad_(True)
+    gx, gy = torch.autograd.grad(loss(xx, yy).sum(), (xx, yy), create_graph=True)
+    hx, hy = torch.autograd.grad((gx * v).sum() + (gy * w).sum(), (xx, yy))
+
+    def grads(s):
+        u, z = (x + s * h * v).requires_grad_(True), (y + s * h * w).requires_grad_(True)
+        return torch.autograd.grad(loss(u, z).sum(), (u, z))
+
+    (px, py), (mx, my) = grads(1.0), grads(-1.0)
+    return (hx, hy), ((px - mx) / (2 * h), (py - my) / (2 * h))
+
+
+@pytest.mark.parametrize("debias", [True, False])
+@pytest.mark.parametrize("B", [0, 2])
+def test_double_backward_is_the_derivative_of_the_gradient(B, debias):
+    # It raised a RuntimeError; through sinkhorn_divergence it worked. A slow ladder (1000
+    # steps near the final eps) reaches the fixed point, where the gradient's derivative is
+    # the Hessian (exact Schur solve: tau = 0).
+    _, x, _, y = [t.detach() for t in _data(B, n=7, m=5, d=2)]
+    g = torch.Generator().manual_seed(11)
+    v, w = torch.randn(x.shape, generator=g, dtype=x.dtype), torch.randn(y.shape, generator=g,
+                                                                         dtype=y.dtype)  # fmt: skip
+    loss = fs.SamplesLoss(blur=0.7, scaling=0.999999, diameter=0.7007, debias=debias,
+                          hvp_options=dict(tau=0.0, cg_tol=1e-12))  # fmt: skip
+    (hx, hy), (fx, fy) = _hvp_vs_finite_differences(loss, x, y, v, w)
+    assert _rel(hx, fx) < 2e-5 and _rel(hy, fy) < 2e-5
+
+
+def test_double_backward_matches_the_divergence():
+    # Same fixed point, eps = 2 blur², GeomLoss's half cost: half the divergence's HVP.
+    _, x, _, y = [t.detach() for t in _data(0, n=7, m=5, d=2)]
+    v = torch.randn(x.shape, generator=torch.Generator().manual_seed(12), dtype=x.dtype)
+    hv = dict(tau=0.0, cg_tol=1e-12)
+    loss = fs.SamplesLoss(blur=0.7, scaling=0.999999, diameter=0.7007, hvp_options=hv)
+    xs = x.clone().requires_grad_(True)
+    (g1,) = torch.autograd.grad(loss(xs, y), xs, create_graph=True)
+    (h1,) = torch.autograd.grad((g1 * v).sum(), xs)
+    xd = x.clone().requires_grad_(True)
+    S = fs.sinkhorn_divergence(xd, y, eps=0.98, tol=1e-12, n_iters=100_000, hvp_options=hv)
+    (g2,) = torch.autograd.grad(S, xd, create_graph=True)
+    (h2,) = torch.autograd.grad((g2 * v).sum(), xd)
+    assert _rel(g1, g2 / 2) < 1e-5 and _rel(h1, h2 / 2) < 1e-5
+
+
+def test_double_backward_refusals():
+    a, x, b, y = _data(0, n=7, m=5, d=2)
+    for kw, exc, match in (
+        (dict(reach=0.5), RuntimeError, "second derivatives"),
+        (dict(p=1), ValueError, "squared Euclidean cost only"),
+    ):
+        (gx,) = torch.autograd.grad(fs.SamplesLoss(**kw)(x, y), x, create_graph=True)
+        with pytest.raises(exc, match=match):
+            torch.autograd.grad(gx.sum(), x)
+    # through the weights: refused, as for ot_cost
+    (gx,) = torch.autograd.grad(fs.SamplesLoss()(a, x, b, y), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="through the weights a, b"):
+        torch.autograd.grad(gx.sum(), a)
+
+
+def test_hvp_options_are_checked():
+    with pytest.raises(ValueError, match="hvp_options: unknown key"):
+        fs.SamplesLoss(hvp_options={"damping": 1.0})
+    with pytest.raises(ValueError, match="tau must be finite"):
+        fs.SamplesLoss(hvp_options={"tau": -1.0})

@@ -13,8 +13,9 @@ import torch
 
 SECOND_ORDER_MESSAGE = (
     "flashsinkhorn: these second derivatives (double backward, create_graph=True then grad "
-    "again) are not available: only flashsinkhorn.ot_cost on a balanced squared-Euclidean "
-    "problem differentiates its x and y gradients again, and only once; flashsinkhorn.hvp "
+    "again) are not available: only the losses of a balanced squared-Euclidean problem "
+    "(ot_cost, sinkhorn_divergence, SinkhornDivergence, SamplesLoss with p=2 and no reach) "
+    "differentiate their x and y gradients again, and only once; flashsinkhorn.hvp "
     "gives Hessian-vector products of OT_eps and of the Sinkhorn divergence. The first-order "
     "gradient is exact, but differentiating it again here would silently ignore how the "
     "transport plan depends on the inputs, so it is refused."

@@ -23,16 +23,20 @@ called); we return the derivative of the value, i.e. GeomLoss's intended gradien
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from .._boundary import backward_autocast_off
 from ..backends import resolve_backend
 from ..engine import resolve_precision
-from ..options import SinkhornOptions
+from ..hessian.joint import TransportHessian
+from ..options import HVPOptions, SinkhornOptions
 from ..problem import Problem, prepare, stack_sides, stackable
+from ..result import Solution
 from ..solvers import estimate_diameter, geometric_ladder, solve
+from ..solvers.annealing import ladder_cap
+from .double_backward import WEIGHT_MESSAGE, hvp_settings
 from .guard import guard_second_order
 
 
@@ -51,6 +55,29 @@ class GeomLossSpec:
     #: GeomLoss's exponent: 2 (C = ½‖x − y‖², eps = blur², rho = reach²) or 1 (C = ‖x − y‖,
     #: eps = blur, rho = reach; the distance is sqrt(max(‖x − y‖², 1e-8)) as in GeomLoss).
     p: int = 2
+    #: The ``backend`` argument as the caller wrote it: it decides the potentials' shape.
+    route: str = "auto"
+    #: Schur-solve settings of second derivatives.
+    hvp: HVPOptions = field(default_factory=HVPOptions)
+
+
+def geomloss_multiscale(route: str, batch: int, n: int, m: int, d: int, p: int) -> bool:
+    """Whether GeomLoss 0.3.1 runs its "multiscale" routine for these inputs (``batch`` = 0
+    for unbatched clouds): asked for, or chosen by "auto" above 10⁸ point pairs in <= 3
+    dimensions for p = 2; with a batch of more than one it falls back to "tensorized"."""
+    if route == "auto":
+        route = "multiscale" if n * m > 10000**2 and d <= 3 and p == 2 else "tensorized"
+    return route == "multiscale" and batch <= 1
+
+
+def potentials_shape(F: torch.Tensor, x: torch.Tensor, y: torch.Tensor, spec) -> torch.Tensor:
+    """GeomLoss's shape of a potential computed as (B, n): it returns ``F.view_as(α)`` with α
+    the weights as its routine saw them, (B, n) for the tensorized and online routines (B = 1
+    for unbatched clouds) and (n,) for the multiscale one."""
+    batch = x.shape[0] if x.dim() == 3 else 0
+    if geomloss_multiscale(spec.route, batch, x.shape[-2], y.shape[-2], x.shape[-1], spec.p):
+        return F.reshape(F.shape[-1])
+    return F
 
 
 def _k(spec: GeomLossSpec) -> float:
@@ -74,13 +101,22 @@ def _prepare(x, y, a, b, spec: GeomLossSpec, prec: str) -> Problem:
 GEOMLOSS_SQ_FLOOR = 1e-8
 
 
-def geomloss_eps_list(diameter: float, blur: float, scaling: float, p: int = 2) -> list[float]:
+def geomloss_eps_list(
+    diameter: float, blur: float, scaling: float, p: int = 2, dtype: torch.dtype | None = None
+) -> list[float]:
     """GeomLoss's eps schedule in its own units, the duplicated first value included:
-    ``[diameter^p] + exp(arange(p log diameter, p log blur, p log scaling)) + [blur^p]``."""
-    return geometric_ladder(diameter**p, blur**p, scaling**p, keep_start=True)
+    ``[diameter^p] + exp(arange(p log diameter, p log blur, p log scaling)) + [blur^p]``,
+    computed from logarithms and starting at most at ``ladder_cap(dtype)`` (GeomLoss's own
+    list overflows there)."""
+    return geometric_ladder(
+        0.0, blur**p, 0.0, keep_start=True, log_start=p * math.log(diameter),
+        log_ratio=p * math.log(scaling), cap=ladder_cap(dtype), scaling=scaling,
+    )  # fmt: skip
 
 
-def _eps_list(x: torch.Tensor, y: torch.Tensor, spec: GeomLossSpec) -> list[float]:
+def _eps_list(
+    x: torch.Tensor, y: torch.Tensor, spec: GeomLossSpec, dtype: torch.dtype
+) -> list[float]:
     """The schedule in our (full-cost) units. Like GeomLoss, the diameter is the bounding box
     of all the caller's points, every batch together, before any centring."""
     diameter = spec.diameter
@@ -92,7 +128,9 @@ def _eps_list(x: torch.Tensor, y: torch.Tensor, spec: GeomLossSpec) -> list[floa
         # All points coincide (GeomLoss takes log(0) here): any positive start is equivalent.
         diameter = spec.blur
     k = _k(spec)
-    return [k * e for e in geomloss_eps_list(diameter, spec.blur, spec.scaling, spec.p)]
+    # The cap applies to our (k times larger) eps.
+    ladder = geomloss_eps_list(diameter, spec.blur, spec.scaling, spec.p, dtype)
+    return [min(k * e, ladder_cap(dtype)) for e in ladder]
 
 
 class _Loop:
@@ -115,6 +153,8 @@ class _Loop:
         self.f, self.g, self.f_old, self.g_old = st.f, st.g, st.f_prev, st.g_prev
         self.debias = debias
         if debias:
+            self.problem_xx = replace(problem, Y=problem.X)
+            self.problem_yy = replace(problem, X=problem.Y)
             X, Y = problem.X, problem.Y
             if stackable([X, Y]):
                 # both self problems in one batch: one launch per iteration for the two
@@ -124,8 +164,7 @@ class _Loop:
                 self.p, self.q = st.f[:B], st.f[B:]
                 self.p_old, self.q_old = st.f_prev[:B], st.f_prev[B:]
             else:
-                sx = run(replace(problem, Y=X))
-                sy = run(replace(problem, X=Y))
+                sx, sy = run(self.problem_xx), run(self.problem_yy)
                 self.p, self.p_old, self.q, self.q_old = sx.f, sx.f_prev, sy.f, sy.f_prev
         self.eps = st.eps
 
@@ -143,7 +182,7 @@ class SamplesLossFunction(torch.autograd.Function):
         prec = resolve_precision(spec.precision, impl.name, x.dtype)
         with torch.no_grad():
             problem = _prepare(x, y, a, b, spec, prec)
-            eps_list = _eps_list(x, y, spec)
+            eps_list = _eps_list(x, y, spec, problem.dtype)
             loop = _Loop(problem, impl, eps_list, spec.debias)
             value = _value(problem, loop, spec)
         ctx.problem, ctx.impl, ctx.loop, ctx.spec = problem, impl, loop, spec
@@ -154,33 +193,162 @@ class SamplesLossFunction(torch.autograd.Function):
     @backward_autocast_off
     def backward(ctx, grad_out):
         x, y, a, b = ctx.saved_tensors
-        problem, impl, loop, spec = ctx.problem, ctx.impl, ctx.loop, ctx.spec
-        X, Y, prec, eps = problem.X, problem.Y, problem.precision, loop.eps
+        problem, loop, spec = ctx.problem, ctx.loop, ctx.spec
         need = ctx.needs_input_grad
+        # create_graph=True: for p = 2 and balanced marginals the point gradients are
+        # differentiable, their backward the streaming HVP (as ot_cost's).
+        second = torch.is_grad_enabled() and (need[0] or need[1])
         gx = gy = ga = gb = None
+        if second and spec.p == 2 and spec.reach is None:
+            gx, gy = _SamplesPointsGrad.apply(x, y, a, b, grad_out, ctx, need[0], need[1])
+        elif need[0] or need[1]:
+            with torch.no_grad():
+                Gx, Gy = _points_grads(ctx, need[0], need[1])
+                go = grad_out.reshape(-1).to(problem.dtype)
+                gx = None if Gx is None else problem.unbatch(Gx * go[:, None, None]).to(x.dtype)
+                gy = None if Gy is None else problem.unbatch(Gy * go[:, None, None]).to(y.dtype)
         with torch.no_grad():
             go = grad_out.reshape(-1).to(problem.dtype)
-
-            def points_grad(R, C, own_new, other_old, sym_new, sym_old):
-                # Our kernels give the gradient of our cost: 2 Σ_j P_ij (r_i − c_j) for p = 2
-                # (GeomLoss's cost is half of ours), Σ_j P_ij (r_i − c_j)/‖r_i − c_j‖ for p = 1.
-                G, _ = impl.transport_grad(R, C, own_new, other_old, eps, prec)
-                if spec.debias:
-                    G = G - impl.transport_grad(R, R, sym_new, sym_old, eps, prec)[0]
-                return problem.unbatch(G * (go / _k(spec))[:, None, None])
-
-            if need[0]:
-                gx = points_grad(X, Y, loop.f, loop.g_old, _get(loop, "p"), _get(loop, "p_old"))
-                gx = gx.to(x.dtype)
-            if need[1]:
-                gy = points_grad(Y, X, loop.g, loop.f_old, _get(loop, "q"), _get(loop, "q_old"))
-                gy = gy.to(y.dtype)
             if need[2] and a is not None:
                 ga = _reduce(_weight_grad(loop.f, _get(loop, "p"), spec) * go[:, None], a)
             if need[3] and b is not None:
                 gb = _reduce(_weight_grad(loop.g, _get(loop, "q"), spec) * go[:, None], b)
-        gx, gy, ga, gb = guard_second_order((gx, gy, ga, gb), (x, y, a, b))
+        if second and spec.p == 2 and spec.reach is None:
+            ga, gb = guard_second_order((ga, gb), (x, y, a, b))
+            return gx, gy, ga, gb, None
+        if spec.p == 1:  # no second derivatives of the euclidean cost: a ValueError, as ot_cost
+            from ..costs import refuse_second_order
+
+            gx, gy, ga, gb = refuse_second_order((gx, gy, ga, gb), (x, y, a, b), "euclidean")
+        else:
+            gx, gy, ga, gb = guard_second_order((gx, gy, ga, gb), (x, y, a, b))
         return gx, gy, ga, gb, None
+
+
+def _points_grads(ctx, need_x: bool, need_y: bool):
+    """(B, n, d), (B, m, d) point gradients of GeomLoss's value per unit of grad_out (None
+    where not needed): the envelope gradients with the plans P(f⁺, g) for x and P(f, g⁺) for
+    y, minus those of the debiasing terms."""
+    problem, impl, loop, spec = ctx.problem, ctx.impl, ctx.loop, ctx.spec
+    X, Y, prec, eps = problem.X, problem.Y, problem.precision, loop.eps
+
+    def grad(R, C, own_new, other_old, sym_new, sym_old):
+        # Our kernels give the gradient of our cost: 2 Σ_j P_ij (r_i − c_j) for p = 2
+        # (GeomLoss's cost is half of ours), Σ_j P_ij (r_i − c_j)/‖r_i − c_j‖ for p = 1.
+        G, _ = impl.transport_grad(R, C, own_new, other_old, eps, prec)
+        if spec.debias:
+            G = G - impl.transport_grad(R, R, sym_new, sym_old, eps, prec)[0]
+        return G / _k(spec)
+
+    Gx = Gy = None
+    if need_x:
+        Gx = grad(X, Y, loop.f, loop.g_old, _get(loop, "p"), _get(loop, "p_old"))
+    if need_y:
+        Gy = grad(Y, X, loop.g, loop.f_old, _get(loop, "q"), _get(loop, "q_old"))
+    return Gx, Gy
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The plan of a pair of potentials, in the form ``TransportHessian`` reads."""
+
+    solution: Solution
+    eps: float
+
+
+class _SamplesPointsGrad(torch.autograd.Function):
+    """``apply(x, y, a, b, grad_out, fctx, need_x, need_y) -> (gx, gy)``: the point gradients
+    of :class:`SamplesLossFunction` (p = 2, balanced), differentiable once more.
+
+    Backward: each gradient is differentiated with the plan it was computed from, as the
+    joint Hessian of OT_eps (``hessian/joint.py``) at that plan: P(f⁺, g) for the x gradient,
+    P(f, g⁺) for the y gradient, and for the debiasing term −½ OT(x, x) the sum of the four
+    blocks of the self problem's Hessian at P(f_aa⁺, f_aa) (the same for y), all halved for
+    GeomLoss's half cost. At the fixed point these plans coincide and this is the Hessian
+    of the debiased divergence with eps = 2 blur².
+    """
+
+    @staticmethod
+    def forward(ctx, x, y, a, b, grad_out, fctx, need_x, need_y):
+        problem = fctx.problem
+        Gx, Gy = _points_grads(fctx, need_x, need_y)
+        go = grad_out.detach().reshape(-1).to(problem.dtype)
+        ctx.fctx, ctx.Gx, ctx.Gy, ctx.go, ctx.go_shape = fctx, Gx, Gy, go, grad_out.shape
+        ctx.dtypes = (x.dtype, y.dtype)
+        gx = None if Gx is None else problem.unbatch(Gx * go[:, None, None]).to(x.dtype)
+        gy = None if Gy is None else problem.unbatch(Gy * go[:, None, None]).to(y.dtype)
+        return gx, gy
+
+    @staticmethod
+    def backward(ctx, vx, vy):
+        need = ctx.needs_input_grad
+        if need[2] or need[3]:
+            raise RuntimeError(WEIGHT_MESSAGE)
+        fctx = ctx.fctx
+        problem, loop, impl = fctx.problem, fctx.loop, fctx.impl
+        go = ctx.go
+        settings = hvp_settings(fctx.spec.hvp)
+
+        def batched(v):
+            if v is None:
+                return None
+            v = v.detach().to(problem.dtype)
+            return v if problem.batched else v.unsqueeze(0)
+
+        # Built on first use and kept on the node: repeated products (retain_graph=True, as in
+        # Lanczos) reuse each plan's marginals and barycentric products.
+        if not hasattr(ctx, "hessians"):
+            ctx.hessians = {}
+        cache = ctx.hessians
+
+        def hessian(key, pr, f, g):
+            if key not in cache:
+                plan = _Plan(Solution(pr, impl, f, g, loop.eps), loop.eps)
+                cache[key] = TransportHessian(plan)
+            return cache[key]
+
+        Vx, Vy = batched(vx), batched(vy)
+        Hx = Hy = hx = hy = ggo = None
+        debias = fctx.spec.debias
+        if (need[0] or need[1]) and Vx is not None and ctx.Gx is not None:
+            Ax = Vx * go[:, None, None]
+            h = hessian("x", problem, loop.f, loop.g_old)
+            dx, dy, _, _ = h.apply(Ax, None, want_x=need[0], want_y=need[1], **settings)
+            Hx, Hy = _add(Hx, dx), _add(Hy, dy)
+            if debias and need[0]:
+                sx, sy, _, _ = hessian("xx", loop.problem_xx, loop.p, loop.p_old).apply(
+                    Ax, Ax, **settings
+                )
+                Hx = _add(Hx, -0.5 * (sx + sy))
+        if (need[0] or need[1]) and Vy is not None and ctx.Gy is not None:
+            Ay = Vy * go[:, None, None]
+            h = hessian("y", problem, loop.f_old, loop.g)
+            dx, dy, _, _ = h.apply(None, Ay, want_x=need[0], want_y=need[1], **settings)
+            Hx, Hy = _add(Hx, dx), _add(Hy, dy)
+            if debias and need[1]:
+                sx, sy, _, _ = hessian("yy", loop.problem_yy, loop.q, loop.q_old).apply(
+                    Ay, Ay, **settings
+                )
+                Hy = _add(Hy, -0.5 * (sx + sy))
+        k = _k(fctx.spec)
+        if need[0] and Hx is not None:
+            hx = problem.unbatch(Hx / k).to(ctx.dtypes[0])
+        if need[1] and Hy is not None:
+            hy = problem.unbatch(Hy / k).to(ctx.dtypes[1])
+        if need[4]:
+            acc = torch.zeros_like(go)
+            if Vx is not None and ctx.Gx is not None:
+                acc = acc + (ctx.Gx * Vx).sum((1, 2))
+            if Vy is not None and ctx.Gy is not None:
+                acc = acc + (ctx.Gy * Vy).sum((1, 2))
+            ggo = acc.reshape(ctx.go_shape)
+        # A third derivative would need the derivative of the HVP itself: refuse it loudly.
+        hx, hy = guard_second_order((hx, hy), (vx, vy))
+        return hx, hy, None, None, ggo, None, None, None
+
+
+def _add(total: torch.Tensor | None, t: torch.Tensor | None) -> torch.Tensor | None:
+    return t if total is None else (total if t is None else total + t)
 
 
 def _get(loop: _Loop, name: str):
@@ -233,15 +401,16 @@ def _reduce(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def geomloss_potentials(x, y, a, b, spec: GeomLossSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """GeomLoss's ``potentials=True`` output (F, G) in half-cost units; not differentiable."""
+    """GeomLoss's ``potentials=True`` output (F, G) in half-cost units, in GeomLoss's shapes
+    (:func:`potentials_shape`: (1, n) for unbatched clouds); not differentiable."""
     impl = resolve_backend(spec.backend, x.device, x.dtype)
     prec = resolve_precision(spec.precision, impl.name, x.dtype)
     k = _k(spec)
     with torch.no_grad():
         problem = _prepare(x, y, a, b, spec, prec)
-        eps_list = _eps_list(x, y, spec)
+        eps_list = _eps_list(x, y, spec, problem.dtype)
         loop = _Loop(problem, impl, eps_list, spec.debias)
         F, G = loop.f / k, loop.g / k
         if spec.debias:
             F, G = F - loop.p / k, G - loop.q / k
-    return problem.unbatch(F), problem.unbatch(G)
+    return potentials_shape(F, x, y, spec), potentials_shape(G, y, x, spec)

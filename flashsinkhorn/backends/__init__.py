@@ -74,7 +74,7 @@ def select_path(backend: Backend, problem, path: str) -> Backend:
             )
         return backend
     from .triton.configs import DENSE_MIN_D
-    from .triton.dense import DenseTritonBackend, dense_fits
+    from .triton.dense import DenseTritonBackend, check_dense_memory, dense_fits
 
     if path == "auto":
         d = problem.X.x.shape[-1]
@@ -82,4 +82,6 @@ def select_path(backend: Backend, problem, path: str) -> Backend:
             return backend
     elif problem.X.x.dtype != torch.float32:
         raise ValueError(f"path='dense' supports float32 points, got {problem.X.x.dtype}")
+    else:
+        check_dense_memory(problem)
     return DenseTritonBackend(problem)

@@ -33,6 +33,7 @@ from ..engine import resolve_precision
 from ..options import SinkhornOptions
 from ..problem import Problem, Side, centred_side, kernel_scale, split_half
 from ..solvers import eps_schedule, solve
+from ..solvers.annealing import cost_range
 from ..solvers.objective import _phi, side_error
 from ._comm import Comm, comm_device, require_group
 
@@ -263,13 +264,13 @@ class Sharded:
         wants_range = opts.scaling == "auto" and opts.tol is not None
         if (wants_range or isinstance(opts.scaling, float)) and diameter is None:
             diameter = self.global_diameter(self.X.x, self.Y.x)
-        self.opts = opts = opts.resolve(diameter**2 if diameter else None)
+        self.opts = opts = opts.resolve(cost_range(diameter))
         if opts.acceleration == "anderson":
             raise ValueError(
                 "acceleration='anderson' is not available for sharded solves (its mixing "
                 "needs inner products over every rank); use 'overrelax' or 'auto'"
             )
-        self.eps_list = eps_schedule(opts.eps, opts.scaling, diameter)
+        self.eps_list = eps_schedule(opts.eps, opts.scaling, diameter, dtype=self.X.sq.dtype)
         self.payload_x = _payload(self.X)
         self.payload_y = _payload(self.Y)
         if self.mode == "gather":

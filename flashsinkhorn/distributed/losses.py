@@ -193,9 +193,9 @@ def sinkhorn_divergence(
 
     Three sharded :func:`ot_cost` solves with the semantics of
     :func:`flashsinkhorn.sinkhorn_divergence` (with ``scaling`` all three anneal from the
-    diameter of the global bounding box of both clouds; KL-relaxed marginals add the
-    debiasing term eps/2 (m_a − m_b)² with global masses). A collective; same gradient
-    convention as :func:`ot_cost`.
+    diameter of the global bounding box of both clouds; KL-relaxed marginals, with
+    ``rho_x == rho_y``, add the debiasing term eps/2 (m_a − m_b)² with global masses). A
+    collective; same gradient convention as :func:`ot_cost`.
 
     Args:
         x_local, y_local, a_local, b_local: this rank's shards, as in :func:`ot_cost`.
@@ -207,6 +207,10 @@ def sinkhorn_divergence(
         A 0-d tensor, identical on every rank, differentiable w.r.t. the local shards.
     """
     require_group(group)
+    V.check_divergence_rho(
+        V.check_positive("rho_x", rho_x, allow_none=True),
+        V.check_positive("rho_y", rho_y, allow_none=True),
+    )
     if scaling is not None and diameter is None:
         V.check_scaling(scaling, allow_auto=True)
         V.check_points("x_local", x_local)
@@ -218,6 +222,9 @@ def sinkhorn_divergence(
     common = {**public_options(locals()), "group": group, "mode": mode}
     del common["rho_x"], common["rho_y"]
     xy = ot_cost(x_local, y_local, a_local, b_local, rho_x=rho_x, rho_y=rho_y, **common)
+    # The self terms as in the single-process divergence (SinkhornOptions.for_self_transport).
+    if schedule == "auto" and acceleration == "auto":
+        common.update(schedule="symmetric", acceleration="none")
     xx = ot_cost(x_local, x_local, a_local, a_local, rho_x=rho_x, rho_y=rho_x, **common)
     yy = ot_cost(y_local, y_local, b_local, b_local, rho_x=rho_y, rho_y=rho_y, **common)
     div = xy - 0.5 * (xx + yy)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from .. import _validation as V
 from ..options import public_options
 from ._engine import Sharded
 
@@ -64,8 +65,7 @@ class DistributedSinkhornResult:
 
 def _run(x_local, y_local, a_local, b_local, *, group, compute_error, **options):
     """Builds the sharded problem and solves it; returns (engine, SolveOutput, value)."""
-    if not isinstance(compute_error, bool):
-        raise TypeError(f"compute_error must be a bool, got {type(compute_error)}")
+    V.check_bool("compute_error", compute_error)
     sh = Sharded(x_local, y_local, a_local, b_local, group=group, **options)
     with torch.no_grad():
         out = sh.solve(compute_error)

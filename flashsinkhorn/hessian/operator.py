@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import _validation as V
+from .._convergence import report, reported_as, warn_unconverged
 from ..engine import solve_points
 from ..options import DEFAULT_CG_MAX_ITER, DEFAULT_CG_TOL, DEFAULT_TAU, HVPOptions, SinkhornOptions
 from .cg import CGInfo
@@ -30,7 +31,9 @@ class HVPResult:
         cg_iters: CG iterations, summed over the solves (one per OT term: two with debias).
         residual: largest final *true* relative residual ‖rhs − S_τ w‖ / ‖rhs‖ over the solves
             and the batch (a Python float).
-        converged: every solve reached ``cg_tol``.
+        converged: every CG solve reached ``cg_tol`` (the Sinkhorn solves behind the plan
+            are reported by their own ``ConvergenceWarning``, and by
+            ``HessianOperator.results``).
         info: the :class:`~flashsinkhorn.hvp.cg.CGInfo` of each solve.
     """
 
@@ -68,6 +71,11 @@ class HessianOperator:
             ``n_iters=1000, tol=1e-6`` (tighter than sinkhorn's: the HVP differentiates
             the plan, so it is worth solving it well).
 
+    Attributes:
+        results: the :class:`~flashsinkhorn.SinkhornResult` of each solve (their
+            ``converged``); a solve with a ``tol`` that stops at ``n_iters`` also warns
+            (:class:`~flashsinkhorn.ConvergenceWarning`).
+
     Raises:
         ValueError, TypeError: invalid arguments, naming the argument.
     """
@@ -90,6 +98,8 @@ class HessianOperator:
         **solver_options,
     ):
         V.check_choice("wrt", wrt, WRT)
+        debias = V.check_bool("debias", debias)
+        warm_start = V.check_bool("warm_start", warm_start)
         V.check_points("x", x)
         V.check_points("y", y)
         V.check_pair(x, y)
@@ -106,7 +116,7 @@ class HessianOperator:
         opts = SinkhornOptions.build(x, y, **{"n_iters": 1000, "tol": 1e-6, **solver_options,
                                               "eps": eps})  # fmt: skip
         self.wrt = wrt
-        self.warm_start = bool(warm_start)
+        self.warm_start = warm_start
         self.batched = x.dim() == 3
         own = x if wrt == "x" else y
         self.shape = tuple(own.shape)
@@ -119,9 +129,12 @@ class HessianOperator:
         self.terms = [(1.0, TransportHessian(res), wrt)]
         if debias:
             z, w = (x, a) if wrt == "x" else (y, b)
-            res_self = solve_points(z, z, w, w, opts)
+            res_self = solve_points(z, z, w, w, opts.for_self_transport())
             self.results.append(res_self)
             self.terms.append((-0.5, TransportHessian(res_self), "both"))
+        labels = ("OT(x, y)", f"OT({wrt}, {wrt})")
+        reports = [report(lab, r) for lab, r in zip(labels, self.results, strict=False)]
+        warn_unconverged("HessianOperator", reports, opts.n_iters, opts.tol)
         self._w0: list[torch.Tensor | None] = [None] * len(self.terms)
         self.last: HVPResult | None = None
         self.n_matvec = 0
@@ -237,8 +250,9 @@ def hvp(
     own = x if wrt == "x" else y
     if isinstance(A, torch.Tensor) and isinstance(own, torch.Tensor) and A.shape != own.shape:
         raise ValueError(f"A must have the shape of {wrt} {tuple(own.shape)}, got {tuple(A.shape)}")
-    op = HessianOperator(
-        x, y, a, b, eps=eps, wrt=wrt, debias=debias, tau=tau, cg_tol=cg_tol,
-        cg_max_iter=cg_max_iter, cg_check_every=cg_check_every, **solver_options,
-    )  # fmt: skip
+    with reported_as("hvp"):
+        op = HessianOperator(
+            x, y, a, b, eps=eps, wrt=wrt, debias=debias, tau=tau, cg_tol=cg_tol,
+            cg_max_iter=cg_max_iter, cg_check_every=cg_check_every, **solver_options,
+        )  # fmt: skip
     return op.apply(A)

@@ -37,9 +37,15 @@ import importlib.util
 import torch
 
 from .._triton_launch import FP_FUSION, cdiv, cuda_sm_count, next_pow2
+from .._validation import check_choice
 from ..tuning import TUNING
-from .reference import HyperConnectionReference
-from .sinkhorn import sinkhorn_knopp
+from .reference import (
+    HyperConnectionReference,
+    branch_output,
+    check_layer_args,
+    check_layer_input,
+)
+from .sinkhorn import BACKENDS, check_triton_device, sinkhorn_knopp
 
 
 class _OnFirstUse:
@@ -388,18 +394,11 @@ class HyperConnection(HyperConnectionReference):
         device=None,
         dtype=None,
     ) -> None:
-        if not isinstance(n_streams, int) or n_streams < 1:
-            raise ValueError(f"n_streams must be an integer >= 1, got {n_streams!r}")
-        if not isinstance(dim, int) or dim < 1:
-            raise ValueError(f"dim must be an integer >= 1, got {dim!r}")
-        if isinstance(n_iters, bool) or not isinstance(n_iters, int) or n_iters < 1:
-            raise ValueError(f"n_iters must be an integer >= 1, got {n_iters!r}")
-        if variant not in ("log", "deepseek"):
-            raise ValueError(f"variant must be 'log' or 'deepseek', got {variant!r}")
-        if gemm_precision not in ("tf32", "ieee"):
-            raise ValueError(f"gemm_precision must be 'tf32' or 'ieee', got {gemm_precision!r}")
-        if backend not in ("auto", "triton", "torch"):
-            raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+        dim, n_streams, n_iters, eps, rms_eps, alpha_init = check_layer_args(
+            dim, n_streams, n_iters, variant, eps, rms_eps, alpha_init, dtype
+        )
+        check_choice("gemm_precision", gemm_precision, ("tf32", "ieee"))
+        check_choice("backend", backend, BACKENDS)
         if backend == "triton" and n_streams * n_streams + 2 * n_streams > 64:
             raise ValueError(f"backend='triton' supports n_streams <= 7, got {n_streams}")
         super().__init__(dim, n_streams, n_iters, variant, eps, rms_eps, alpha_init, device, dtype)
@@ -422,12 +421,14 @@ class HyperConnection(HyperConnectionReference):
     def forward(self, x: torch.Tensor, branch=None) -> torch.Tensor:
         """See the class docstring. x: (..., n, C); returns (..., n, C)."""
         n, C = self.n_streams, self.dim
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            raise TypeError("x must be a floating torch.Tensor of shape (..., n_streams, dim)")
-        if x.dim() < 2 or x.shape[-2:] != (n, C):
-            raise ValueError(
-                f"x must have shape (..., {n}, {C}) (n_streams, dim); got {tuple(x.shape)}"
-            )
+        check_layer_input(x, n, C, self.phi)
+        if self.backend == "triton":
+            if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+                raise TypeError(
+                    f"backend='triton' supports x of dtype float16, bfloat16 or float32; got "
+                    f"{x.dtype}. Use backend='torch' for float64."
+                )
+            check_triton_device("x", x)
         if not self._use_triton(x):
             return self._forward_torch(x, branch)
         lead = x.shape[:-2]
@@ -442,7 +443,7 @@ class HyperConnection(HyperConnectionReference):
         u, h_post, h_res, x_alias = _HCPre.apply(
             x3, self.phi, self.alpha_pre, self.alpha_post, self.alpha_res, self.bias, cfg, fused
         )
-        f = u if branch is None else branch(u.view(*lead, C)).reshape(-1, C)
+        f = branch_output(branch, u, lead, C)
         out = _HCPost.apply(x_alias, f.to(x.dtype), h_post, h_res, fused)
         return out.view(*lead, n, C)
 
@@ -456,11 +457,13 @@ class HyperConnection(HyperConnectionReference):
         pre = torch.sigmoid(self.alpha_pre * h[:, :n] / r + self.bias[:n])
         post = 2 * torch.sigmoid(self.alpha_post * h[:, n : 2 * n] / r + self.bias[n : 2 * n])
         res = self.alpha_res * h[:, 2 * n :] / r + self.bias[2 * n :]
+        # The logits come from x and the parameters: the layer never synchronises to check them.
         res = sinkhorn_knopp(
-            res.view(-1, n, n), self.n_iters, variant=self.variant, eps=self.eps, backend="torch"
-        )
+            res.view(-1, n, n), self.n_iters, variant=self.variant, eps=self.eps, backend="torch",
+            check_finite=False,
+        )  # fmt: skip
         u = torch.einsum("ti,tic->tc", pre.to(x.dtype), xt)
-        f = u if branch is None else branch(u.view(*lead, C)).reshape(-1, C)
+        f = branch_output(branch, u, lead, C)
         out = torch.einsum("tij,tjc->tic", res.to(x.dtype), xt)
         out = out + post.to(x.dtype)[..., None] * f[:, None, :].to(x.dtype)
         return out.view(*lead, n, C)

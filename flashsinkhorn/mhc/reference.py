@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import _validation as V
+
 __all__ = ["sinkhorn_knopp_reference", "HyperConnectionReference"]
 
 
@@ -30,6 +32,9 @@ def sinkhorn_knopp_reference(
     Returns:
         (..., n, n) tensor of the same dtype.
     """
+    V.check_int("n_iters", n_iters, 1)
+    V.check_choice("variant", variant, ("log", "deepseek"))
+    V.check_nonnegative("eps", eps)
     if variant == "log":
         p = torch.exp(logits - logits.amax(-1, keepdim=True))
         for _ in range(n_iters):
@@ -43,7 +48,65 @@ def sinkhorn_knopp_reference(
             p = p / (p.sum(-1, keepdim=True) + eps)
             p = p / (p.sum(-2, keepdim=True) + eps)
         return p
-    raise ValueError(f"variant must be 'log' or 'deepseek', got {variant!r}")
+    raise AssertionError(variant)  # checked above
+
+
+def check_layer_args(
+    dim, n_streams, n_iters, variant, eps, rms_eps, alpha_init, dtype
+) -> tuple[int, int, int, float, float, float]:
+    """Validates the hyper-connection arguments shared by both layers.
+
+    Returns:
+        ``(dim, n_streams, n_iters, eps, rms_eps, alpha_init)`` as Python numbers.
+    """
+    dim = V.check_int("dim", dim, 1)
+    n_streams = V.check_int("n_streams", n_streams, 1)
+    n_iters = V.check_int("n_iters", n_iters, 1)
+    V.check_choice("variant", variant, ("log", "deepseek"))
+    eps = V.check_nonnegative("eps", eps)
+    # rms_eps > 0: an all-zero token would otherwise divide 0 by 0.
+    rms_eps = V.check_positive("rms_eps", rms_eps)
+    alpha_init = V.check_finite("alpha_init", alpha_init)
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
+    return dim, n_streams, n_iters, eps, rms_eps, alpha_init
+
+
+def branch_output(branch, u: torch.Tensor, lead: tuple, dim: int) -> torch.Tensor:
+    """``branch(u)`` for u of shape (*lead, dim), checked to be a floating tensor of u's shape
+    (anything else would be broadcast into the residual update), as (T, dim)."""
+    if branch is None:
+        return u.reshape(-1, dim)
+    f = branch(u.view(*lead, dim))
+    want = (*lead, dim)
+    if not isinstance(f, torch.Tensor) or not f.is_floating_point():
+        raise TypeError(
+            f"branch output must be a floating torch.Tensor of shape {want} (the shape of its "
+            f"input), got {V.describe(f)}"
+        )
+    if tuple(f.shape) != want:
+        raise ValueError(
+            f"branch output must have shape {want}, the shape of the branch input u "
+            f"(..., dim); got {tuple(f.shape)}"
+        )
+    return f.reshape(-1, dim)
+
+
+def check_layer_input(x: object, n: int, dim: int, params: torch.Tensor) -> torch.Tensor:
+    """Checks the residual streams X (..., n, dim) against the layer and its parameters."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(
+            f"x must be a floating torch.Tensor of shape (..., n_streams, dim), got {V.describe(x)}"
+        )
+    if x.dim() < 2 or x.shape[-2:] != (n, dim):
+        raise ValueError(
+            f"x must have shape (..., {n}, {dim}) (n_streams, dim); got {tuple(x.shape)}"
+        )
+    if x.device != params.device:
+        raise ValueError(
+            f"x must be on the device of the layer's parameters ({params.device}), got {x.device}"
+        )
+    return x
 
 
 class HyperConnectionReference(nn.Module):
@@ -72,6 +135,9 @@ class HyperConnectionReference(nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
+        dim, n_streams, n_iters, eps, rms_eps, alpha_init = check_layer_args(
+            dim, n_streams, n_iters, variant, eps, rms_eps, alpha_init, dtype
+        )
         n = n_streams
         self.dim, self.n_streams, self.n_iters = dim, n, n_iters
         self.variant, self.eps, self.rms_eps = variant, eps, rms_eps
@@ -121,11 +187,12 @@ class HyperConnectionReference(nn.Module):
         Returns:
             (..., n, C) next residual streams.
         """
+        check_layer_input(x, self.n_streams, self.dim, self.phi)
         lead = x.shape[:-2]
         xt = x.reshape(-1, self.n_streams, self.dim)
         pre, post, res = self.coefficients(xt)
         u = torch.einsum("ti,tic->tc", pre.to(x.dtype), xt)
-        f = u if branch is None else branch(u.view(*lead, self.dim)).reshape(-1, self.dim)
+        f = branch_output(branch, u, lead, self.dim)
         out = torch.einsum("tij,tjc->tic", res.to(x.dtype), xt) + post.to(x.dtype)[..., None] * f[
             :, None, :
         ].to(x.dtype)

@@ -8,13 +8,19 @@ projection can be traced by ``torch.compile`` without graph breaks.
 
 from __future__ import annotations
 
+import math
+import os
+
 import torch
 
+from .. import _validation as V
+from ..backends import triton_available
 from .sk_torch import sk_backward_torch, sk_forward_torch
 
 __all__ = ["sinkhorn_knopp", "VARIANTS", "MAX_TRITON_N"]
 
 VARIANTS = ("log", "deepseek")
+BACKENDS = ("auto", "triton", "torch")
 MAX_TRITON_N = 32
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -87,12 +93,25 @@ def _backward(ctx, grad):
 _sk_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+def check_triton_device(name: str, x: torch.Tensor) -> None:
+    """``backend="triton"`` needs the triton package and CUDA tensors (CPU tensors under the
+    interpreter), as in the OT API (``flashsinkhorn.backends.resolve_backend``)."""
+    if not triton_available():
+        raise ValueError("backend='triton' needs the triton package; use backend='torch'")
+    interpreting = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    if not (x.is_cuda or (x.device.type == "cpu" and interpreting)):
+        raise ValueError(
+            f"backend='triton' needs CUDA tensors (or CPU tensors with TRITON_INTERPRET=1), "
+            f"got {name} on device {x.device}; use backend='auto' or 'torch'"
+        )
+
+
 def resolve_backend(x: torch.Tensor, backend: str) -> str:
     """Concrete backend ("triton" or "torch") for a validated input."""
     n = x.shape[-1]
     if backend == "auto":
         ok = x.is_cuda and n <= MAX_TRITON_N and x.dtype in _TRITON_DTYPES
-        return "triton" if ok else "torch"
+        return "triton" if ok and triton_available() else "torch"
     if backend == "triton":
         if n > MAX_TRITON_N:
             raise ValueError(
@@ -104,7 +123,34 @@ def resolve_backend(x: torch.Tensor, backend: str) -> str:
                 f"backend='triton' supports logits of dtype float16, bfloat16 or float32; "
                 f"got {x.dtype}. Use backend='torch' for float64."
             )
+        check_triton_device("logits", x)
     return backend
+
+
+def check_logit_values(logits: torch.Tensor) -> None:
+    """Raises for logits that have no bistochastic projection (one device synchronisation).
+
+    +inf (and NaN) turn exp(M − rowmax M) into NaN; a row or column of −inf is a zero row
+    or column of P₀, which no scaling makes stochastic. Other −inf entries are zeros of P₀.
+    """
+    bad = torch.stack(
+        [
+            torch.isnan(logits).any() | torch.isposinf(logits).any(),
+            (logits.amax(-1) == -math.inf).any(),
+            (logits.amax(-2) == -math.inf).any(),
+        ]
+    ).tolist()
+    if bad[0]:
+        raise ValueError(
+            "logits must not contain NaN or +inf (-inf entries are allowed: they are zeros of "
+            "the matrix); pass check_finite=False to skip this check"
+        )
+    for flag, what in zip(bad[1:], ("row", "column"), strict=True):
+        if flag:
+            raise ValueError(
+                f"logits have a {what} of -inf only: a zero {what} cannot be normalised "
+                "(no doubly stochastic scaling exists)"
+            )
 
 
 def sinkhorn_knopp(
@@ -114,6 +160,7 @@ def sinkhorn_knopp(
     variant: str = "log",
     eps: float = 1e-6,
     backend: str = "auto",
+    check_finite: bool = True,
 ) -> torch.Tensor:
     """Project each n×n matrix of logits onto (approximately) the Birkhoff polytope.
 
@@ -127,16 +174,23 @@ def sinkhorn_knopp(
             rounds, every normalisation dividing by (sum + eps).
         eps: the additive constant of ``"deepseek"`` (≥ 0); ignored by ``"log"``.
         backend: ``"auto"`` (Triton on CUDA for n ≤ 32 and 16/32-bit floats, else torch),
-            ``"triton"`` or ``"torch"``.
+            ``"triton"`` (CUDA tensors, or CPU tensors with ``TRITON_INTERPRET=1``) or
+            ``"torch"``.
+        check_finite: raise for NaN or +inf logits, and for a row or column of -inf (no
+            projection exists); one device synchronisation. False skips the check (NaN in,
+            NaN out). Not traced by ``torch.compile`` (a compiled call never checks).
 
     Returns:
         (..., n, n) tensor of the input dtype (half precision is computed in float32).
         Differentiable; the backward recomputes the iterations (no saved history).
 
     Raises:
-        TypeError: non-tensor or non-floating logits; float64 with ``backend="triton"``.
-        ValueError: logits not (..., n, n); n_iters < 1; unknown variant/backend; eps < 0;
-            n > 32 with ``backend="triton"``.
+        TypeError: non-tensor or non-floating logits; float64 with ``backend="triton"``;
+            ``n_iters`` not an int, ``eps`` not a number, ``check_finite`` not a bool.
+        ValueError: logits not (..., n, n) with n >= 1; n_iters < 1; unknown
+            variant/backend; eps < 0 or not finite; n > 32, no triton package or CPU tensors
+            without the interpreter with ``backend="triton"``; NaN/+inf logits or a row or
+            column of -inf (``check_finite``).
     """
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
@@ -145,20 +199,20 @@ def sinkhorn_knopp(
             f"logits must have a floating dtype (float16, bfloat16, float32, float64); "
             f"got {logits.dtype}"
         )
-    if logits.dim() < 2 or logits.shape[-1] != logits.shape[-2]:
+    if logits.dim() < 2 or logits.shape[-1] != logits.shape[-2] or logits.shape[-1] == 0:
         raise ValueError(
-            f"logits must have square trailing dimensions (..., n, n); got shape "
+            f"logits must have square trailing dimensions (..., n, n) with n >= 1; got shape "
             f"{tuple(logits.shape)}"
         )
-    if isinstance(n_iters, bool) or not isinstance(n_iters, int) or n_iters < 1:
-        raise ValueError(f"n_iters must be an integer >= 1, got {n_iters!r}")
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    if not eps >= 0.0:
-        raise ValueError(f"eps must be >= 0, got {eps!r}")
-    if backend not in ("auto", "triton", "torch"):
-        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    n_iters = V.check_int("n_iters", n_iters, 1)
+    V.check_choice("variant", variant, VARIANTS)
+    eps = V.check_nonnegative("eps", eps)
+    V.check_choice("backend", backend, BACKENDS)
+    check_finite = V.check_bool("check_finite", check_finite)
     if variant == "deepseek" and eps == 0.0:
         variant = "log"  # identical recursion without the additive constant
     backend = resolve_backend(logits, backend)
-    return _sk_op(logits, int(n_iters), variant, float(eps), backend)
+    # A compiled graph cannot synchronise on data; meta tensors hold no values.
+    if check_finite and logits.device.type != "meta" and not torch.compiler.is_compiling():
+        check_logit_values(logits)
+    return _sk_op(logits, n_iters, variant, eps, backend)

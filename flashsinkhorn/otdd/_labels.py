@@ -106,7 +106,12 @@ class Classes:
 
 
 def group_classes(
-    name: str, l: torch.Tensor, a: torch.Tensor | None, V_: int, wdtype: torch.dtype
+    name: str,
+    l: torch.Tensor,
+    a: torch.Tensor | None,
+    V_: int,
+    wdtype: torch.dtype,
+    weight_name: str = "a",
 ) -> Classes:
     """Groups points by label into the padded table; every class must hold mass.
 
@@ -116,6 +121,7 @@ def group_classes(
         a: (n,) non-negative weights or None for uniform within each class.
         V_: number of classes.
         wdtype: dtype of the returned weights.
+        weight_name: name of the weight argument, for error messages.
     """
     counts_t = torch.bincount(l.long(), minlength=V_)
     counts = counts_t.tolist()
@@ -141,11 +147,19 @@ def group_classes(
         bad = (mass[:, 0] <= 0).nonzero().flatten().tolist()
         if bad:
             raise ValueError(
-                f"the weights of classes {bad[:10]} of {name} are all zero: each class needs a "
-                "positive total mass"
+                f"{weight_name} is zero on every point of classes {bad[:10]} of {name}: each "
+                "class needs a positive total mass"
             )
         weight = w / mass
     return Classes(index, weight, counts)
+
+
+def check_finite_clouds(*named: tuple[str, torch.Tensor]) -> None:
+    """Raises for NaN or inf points, naming the dataset (one synchronisation for all)."""
+    flags = torch.stack([~torch.isfinite(x.detach()).all() for _, x in named]).tolist()
+    for (name, _), bad in zip(named, flags, strict=True):
+        if bad:
+            raise ValueError(f"{name} must not contain NaN or inf (or pass check_finite=False)")
 
 
 def check_class_weights(name: str, a: object, x: torch.Tensor) -> torch.Tensor | None:

@@ -16,13 +16,15 @@ from __future__ import annotations
 import torch
 
 from .. import _validation as V
-from ..losses import ot_cost
+from .._convergence import SolveReport, warn_unconverged
+from ..losses import ot_cost_reported
 from ..options import SinkhornOptions, public_options
 from ..solvers import estimate_diameter
 from ._labels import (
     Classes,
     check_class_weights,
     check_cloud,
+    check_finite_clouds,
     check_labels,
     check_num_classes,
     check_pair,
@@ -192,18 +194,20 @@ def class_distance_matrix(
     V2 = check_labels("l2", l2, x2, v2)
     a1 = check_class_weights("a1", a1, x1)
     a2 = check_class_weights("a2", a2, x2)
+    if V.check_bool("check_finite", check_finite):
+        check_finite_clouds(("x1", x1), ("x2", x2))
     # The solver options, checked before anything runs.
     solver = SinkhornOptions.build(**public_options(locals()))
     eps, diameter = solver.eps, solver.diameter
     if max_batch_elements is None:
         max_batch_elements = MAX_BATCH_ELEMENTS
     max_batch_elements = V.check_int("max_batch_elements", max_batch_elements, 1)
-    if not isinstance(differentiable, bool):
-        raise TypeError(f"differentiable must be a bool, got {type(differentiable).__name__}")
+    differentiable = V.check_bool("differentiable", differentiable)
+    progress = V.check_bool("progress", progress)
 
     wdtype = torch.float64 if x1.dtype == torch.float64 else torch.float32
-    c1 = group_classes("l1", l1, a1, V1, wdtype)
-    c2 = group_classes("l2", l2, a2, V2, wdtype)
+    c1 = group_classes("l1", l1, a1, V1, wdtype, "a1")
+    c2 = group_classes("l2", l2, a2, V2, wdtype, "a2")
     if scaling is not None and diameter is None:
         with torch.no_grad():
             diameter = estimate_diameter(x1.detach()[None], x2.detach()[None])
@@ -227,6 +231,15 @@ def class_distance_matrix(
             bar.update(1)
 
     grad_ctx = torch.enable_grad() if differentiable else torch.no_grad()
+    reports: list[SolveReport] = []
+
+    own = solver.for_self_transport()
+    self_options = {**options, "schedule": own.schedule, "acceleration": own.acceleration}
+
+    def ot_cost(x, y, a, b, label):
+        kw = self_options if label == "self terms" else options
+        return ot_cost_reported(x, y, a, b, reports, label, **kw)[1]
+
     try:
         with grad_ctx:
             self_idx, self_val, self_ot = [], [], None
@@ -234,7 +247,7 @@ def class_distance_matrix(
             for s, t, ii, jj, Ns, Nt in jobs:
                 if t is None:  # self terms OT(α_k, α_k) of dataset s, once per class
                     xs, ws = gathered(s, ii, Ns)
-                    self_val.append(ot_cost(xs, xs, ws, ws, **options))
+                    self_val.append(ot_cost(xs, xs, ws, ws, "self terms"))
                     self_idx.append(ii.to(x1.device) + sets[s][2])
                     advance()
                     continue
@@ -243,7 +256,7 @@ def class_distance_matrix(
                     self_ot = self_ot.index_put((torch.cat(self_idx),), torch.cat(self_val))
                 xs, ws = gathered(s, ii, Ns)
                 xt, wt = gathered(t, jj, Nt)
-                ot = ot_cost(xs, xt, ws, wt, **options)
+                ot = ot_cost(xs, xt, ws, wt, "class pairs")
                 gi = ii.to(x1.device) + sets[s][2]
                 gj = jj.to(x1.device) + sets[t][2]
                 vals.append(ot - 0.5 * (self_ot[gi] + self_ot[gj]))
@@ -257,4 +270,7 @@ def class_distance_matrix(
     finally:
         if bar is not None:
             bar.close()
+    warn_unconverged(
+        "class_distance_matrix", reports, solver.n_iters, solver.tol, "batched Sinkhorn solve"
+    )
     return W

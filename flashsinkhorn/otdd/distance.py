@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import torch
 
-from ..losses import sinkhorn_divergence
+from .. import _validation as V
+from .._convergence import reported_as
+from ..losses import divergence
 from ..options import SinkhornOptions, public_options
 from ._labels import (
     check_class_weights,
     check_cloud,
+    check_finite_clouds,
     check_labels,
     check_num_classes,
     check_pair,
@@ -149,12 +152,15 @@ def otdd_distance(
     v1, v2 = check_num_classes(num_classes)
     V1 = check_labels("l1", l1, x1, v1)
     V2 = check_labels("l2", l2, x2, v2)
-    check_class_weights("a1", a1, x1)
-    check_class_weights("a2", a2, x2)
-    fw = _check_weight("feature_weight", feature_weight)
-    lw = _check_weight("label_weight", label_weight)
-    if not isinstance(differentiable_w, bool):
-        raise TypeError(f"differentiable_w must be a bool, got {type(differentiable_w).__name__}")
+    a1c = check_class_weights("a1", a1, x1)
+    a2c = check_class_weights("a2", a2, x2)
+    _check_equal_mass(a1c, a2c, x1.dtype)
+    if V.check_bool("check_finite", check_finite):
+        check_finite_clouds(("x1", x1), ("x2", x2))
+    fw = V.check_nonnegative("feature_weight", feature_weight)
+    lw = V.check_nonnegative("label_weight", label_weight)
+    differentiable_w = V.check_bool("differentiable_w", differentiable_w)
+    progress = V.check_bool("progress", progress)
     # The outer solver options, checked before W is built.
     outer = public_options(locals())
     for k in ("feature_weight", "label_weight", "label_cost"):
@@ -172,10 +178,11 @@ def otdd_distance(
                     f"w_options got unknown keys {unknown}; allowed: {', '.join(_W_OPTIONS)}"
                 )
             opts.update(w_options)
-        label_cost = class_distance_matrix(
-            x1, l1, x2, l2, a1=a1, a2=a2, num_classes=(V1, V2),
-            differentiable=differentiable_w, **opts,
-        )  # fmt: skip
+        with reported_as("otdd_distance"):
+            label_cost = class_distance_matrix(
+                x1, l1, x2, l2, a1=a1, a2=a2, num_classes=(V1, V2),
+                differentiable=differentiable_w, **opts,
+            )  # fmt: skip
     else:
         _check_label_cost(label_cost, V1 + V2, x1)
         if w_options is not None or differentiable_w:
@@ -183,19 +190,28 @@ def otdd_distance(
                 "w_options and differentiable_w apply to a W built here; they must be left "
                 "unset when label_cost is given"
             )
-    return sinkhorn_divergence(
-        x1, x2, a1, a2, label_x=l1, label_y=l2.long() + V1, label_cost=label_cost,
-        feature_weight=fw, label_weight=lw, **outer,
+    return divergence(
+        "otdd_distance", x1, x2, a1, a2, label_x=l1, label_y=l2.long() + V1,
+        label_cost=label_cost, feature_weight=fw, label_weight=lw, **outer,
     )  # fmt: skip
 
 
-def _check_weight(name: str, w: object) -> float:
-    if isinstance(w, bool) or not isinstance(w, (int, float)):
-        raise TypeError(f"{name} must be a finite number >= 0, got {type(w).__name__}")
-    w = float(w)
-    if not (w >= 0 and w < float("inf")):
-        raise ValueError(f"{name} must be finite and >= 0, got {w}")
-    return w
+def _check_equal_mass(a1: torch.Tensor | None, a2: torch.Tensor | None, dtype) -> None:
+    """The outer divergence is balanced: a1 and a2 (None: uniform, mass 1) must carry the
+    same mass, with the tolerance of the solver's own check, named here as a1 and a2."""
+    if a1 is None and a2 is None:
+        return
+    masses = [1.0 if a is None else float(a.detach().double().sum()) for a in (a1, a2)]
+    for name, mass in zip(("a1", "a2"), masses, strict=True):
+        if not mass > 0:
+            raise ValueError(f"{name} must have a positive total mass (all weights are zero)")
+    gap = abs(masses[0] - masses[1]) / max(masses)
+    rtol = 1e-6 if dtype == torch.float64 else 1e-4
+    if gap > rtol:
+        raise ValueError(
+            f"a1 and a2 must have the same total mass (uniform weights have mass 1), got "
+            f"{masses[0]:.6g} and {masses[1]:.6g} (relative gap {gap:.2e} > {rtol:g})"
+        )
 
 
 def _check_label_cost(W: object, size: int, x: torch.Tensor) -> None:

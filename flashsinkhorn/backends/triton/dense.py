@@ -8,6 +8,8 @@ for large d and when K fits a budget; the result reports which path ran.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -201,9 +203,38 @@ def _no_autocast(device: torch.device):
     return torch.autocast(device_type=device.type, enabled=False)
 
 
+def dense_bytes(problem: Problem) -> int:
+    """Bytes of the stored K = X Yᵀ: B·n·m fp32 values, rows padded to 16 floats."""
+    return 4 * problem.B * problem.X.n * (problem.Y.n + -problem.Y.n % 16)
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Memory free on ``device`` now (CUDA: the driver's count; CPU: free physical pages),
+    or None where it cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def check_dense_memory(problem: Problem) -> None:
+    """Refuses a forced ``path="dense"`` whose K would not fit the device's free memory,
+    before anything of size n·m is allocated."""
+    nbytes, free = dense_bytes(problem), free_bytes(problem.device)
+    if free is not None and nbytes > free:
+        raise ValueError(
+            f"path='dense' stores K = x yᵀ: B·n·m = {problem.B}·{problem.X.n}·{problem.Y.n} "
+            f"fp32 values, {nbytes:,} bytes ({nbytes / 2**30:.1f} GiB), more than the "
+            f"{free:,} bytes free on {problem.device}; use path='streaming' (memory "
+            "O((n + m) d)) or path='auto'"
+        )
+
+
 def dense_fits(problem: Problem) -> bool:
     """True when K = X Yᵀ (fp32) fits the memory budget on the problem's device."""
-    nbytes = 4 * problem.B * problem.X.n * (problem.Y.n + -problem.Y.n % 16)  # padded rows
+    nbytes = dense_bytes(problem)
     if nbytes > DENSE_MAX_BYTES:
         return False
     if problem.device.type == "cuda":
