@@ -60,6 +60,13 @@ class Side:
     #: (B, d) weighted mean Σ w x / Σ w of the centred points before any float16 rounding,
     #: potential dtype; None where the side was not built by ``prepare`` (:func:`side_mean`).
     mean: torch.Tensor | None = None
+    #: (B,) mass the soft-mins and the dual value attribute to this side's weights, or None
+    #: for their own sum. The two sides of a balanced problem share one (the x side's): their
+    #: float sums differ by rounding, which eps multiplies at large eps (docs/precision.md).
+    mass_ref: torch.Tensor | None = None
+    #: eps from which the soft-min with this side as the rows uses the expansion about the
+    #: mean score (limits.py, docs/precision.md); inf: never.
+    large_eps: float = math.inf
 
     @property
     def n(self) -> int:
@@ -75,9 +82,32 @@ class Side:
         """(B,) total mass of the weights."""
         return self.w.sum(-1)
 
+    @property
+    def nominal_mass(self) -> torch.Tensor:
+        """(B,) the mass attributed to this side: ``mass_ref``, or the weights' own sum."""
+        return self.mass if self.mass_ref is None else self.mass_ref
+
     def damping(self, eps: float) -> float:
         """Factor λ = 1 / (1 + eps / rho) applied to the soft-min (1 for a balanced side)."""
         return 1.0 if self.rho is None else 1.0 / (1.0 + eps / self.rho)
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Host statistics of a prepared problem, over every problem of the batch.
+
+    Attributes:
+        amax: largest |coordinate| of the centred points (inf when one is not finite).
+        box2: largest squared diagonal of the bounding box of both clouds of one problem.
+        mass: largest total mass of a weight vector.
+        sq_max: largest squared norm of a centred point, or None when not computed (the fused
+            path reads it only when needed, limits.py).
+    """
+
+    amax: float
+    box2: float
+    mass: float
+    sq_max: float | None = None
 
 
 def side_mean(side: Side) -> torch.Tensor:
@@ -104,6 +134,9 @@ class Problem:
     # (B, d) joint weighted mean subtracted from both clouds (potential dtype); maps results
     # that live in point space (barycentric map) back to the caller's coordinates.
     centre: torch.Tensor | None = None
+    #: What ``prepare`` read back in its synchronisation (host floats; None where unknown):
+    #: the range checks and the choice of soft-min (limits.py) use them.
+    stats: Stats | None = None
 
     @property
     def B(self) -> int:
@@ -239,7 +272,7 @@ def prepare(
         sq_floor: floor of the squared distance of the euclidean cost.
         sides: a backend's implementation of the arithmetic (``backends.prepare_sides``):
             called as ``sides(X, Y, a, b, rho_x, rho_y, precision, checks)`` on the batched
-            clouds, it returns ``(side_x, side_y, centre)``; None uses torch operations.
+            clouds, it returns ``(side_x, side_y, centre, stats)``; None uses torch operations.
 
     Returns:
         The problem with centred points; the caller's tensors are not modified.
@@ -264,14 +297,19 @@ def prepare(
         1e-6 if pdtype == torch.float64 else 1e-4,
     )  # fmt: skip
     if sides is not None:
-        side_x, side_y, centre = sides(X, Y, a, b, rho_x, rho_y, precision, checks)
+        side_x, side_y, centre, stats = sides(X, Y, a, b, rho_x, rho_y, precision, checks)
     else:
         wa = _weights(a, B, n, X, pdtype)
         wb = _weights(b, B, m, Y, pdtype)
-        side_x, side_y, centre = _prepare_torch(X, Y, wa, wb, rho_x, rho_y, precision, checks)
+        side_x, side_y, centre, stats = _prepare_torch(
+            X, Y, wa, wb, rho_x, rho_y, precision, checks
+        )
+    if balanced:
+        # One mass for both sides: their sums differ by rounding only (checked above).
+        side_y = replace(side_y, mass_ref=side_x.mass)
     if cost != "sqeuclidean" or labels is not None:
         side_x, side_y = _with_cost(side_x, side_y, cost, labels, sq_floor, B, pdtype)
-    return Problem(side_x, side_y, batched, precision, centre)
+    return Problem(side_x, side_y, batched, precision, centre, stats)
 
 
 @dataclass(frozen=True)
@@ -357,14 +395,20 @@ def _prepare_torch(X, Y, wa, wb, rho_x, rho_y, precision, checks: Checks):
         stats += [*torch.aminmax(w), mw.min()]
     if checks.gap:
         stats.append(((ma - mb).abs() / torch.maximum(ma, mb)).max())
-    if checks.amax:
-        stats.append(torch.maximum(Xc.abs().max(), Yc.abs().max()))
-    vals = torch.stack([t.to(pdtype) for t in stats]).tolist() if stats else []
+    # The scale statistics of the range checks (limits.py) ride on the same synchronisation:
+    # largest centred coordinate, bounding-box diagonal², largest mass and squared norm.
+    lo = torch.minimum(Xc.amin(1), Yc.amin(1))
+    hi = torch.maximum(Xc.amax(1), Yc.amax(1))
+    sq_max = torch.maximum((Xc * Xc).sum(-1).max(), (Yc * Yc).sum(-1).max())
+    stats += [torch.maximum(Xc.abs().max(), Yc.abs().max()), ((hi - lo) ** 2).sum(-1).max()]
+    stats += [torch.maximum(ma.max(), mb.max()), sq_max]
+    vals = torch.stack([t.to(pdtype) for t in stats]).tolist()
     wvals, rest = vals[: 3 * len(given)], vals[3 * len(given) :]
     per = {nm: wvals[3 * k : 3 * k + 3] for k, (nm, _, _) in enumerate(given)}
-    amax = rest[-1] if checks.amax else 0.0
+    amax = rest[-4]
     gap = rest[0] if checks.gap else 0.0
     check_values(per, gap, amax, checks, X, Y)
+    scale_stats = Stats(amax, rest[-3], rest[-2], rest[-1])
     # Zero-weight points (see Side.has_null).
     null_a = "a" in per and per["a"][0] == 0
     null_b = "b" in per and per["b"][0] == 0
@@ -372,7 +416,7 @@ def _prepare_torch(X, Y, wa, wb, rho_x, rho_y, precision, checks: Checks):
     kscale = kernel_scale(precision, amax) if scaled else 1.0
     side_x = centred_side(Xc, X.dtype, wa, rho_x, precision, kscale, null_a, mean_x)
     side_y = centred_side(Yc, X.dtype, wb, rho_y, precision, kscale, null_b, mean_y)
-    return side_x, side_y, centre
+    return side_x, side_y, centre, scale_stats
 
 
 def centred_side(

@@ -9,26 +9,40 @@ from ..problem import Problem, Side
 
 
 def _phi(side: Side, pot: torch.Tensor) -> torch.Tensor:
-    """(B,) −<w, φ*(−pot)>: <w, pot> for a hard marginal, rho <w, 1 − e^{−pot/rho}> for KL."""
+    """(B,) −<w, φ*(−pot)>: <w, pot> for a hard marginal, rho <w, 1 − e^{−pot/rho}> for KL.
+
+    A hard side whose nominal mass differs from its sum (the y side of a balanced problem)
+    contributes M <w/Σw, pot>, so that eps log M in the potentials cancels the mass term
+    exactly (docs/precision.md).
+    """
     if side.rho is None:
-        return (side.w * pot).sum(-1)
+        dot = (side.w * pot).sum(-1)
+        return dot if side.mass_ref is None else side.mass_ref * (dot / side.mass)
     return side.rho * (side.w * -torch.expm1(-pot / side.rho)).sum(-1)
 
 
 def plan_mass(problem: Problem, f: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """(B,) mass of the plan at a fixed point, from the potentials alone.
 
-    A hard marginal fixes it to that side's mass; a KL-relaxed side at its fixed point has
-    marginal w e^{−pot/rho}.
+    A hard marginal fixes it to that side's (nominal) mass; a KL-relaxed side at its fixed
+    point has marginal w e^{−pot/rho}.
     """
+    return _mass_gap(problem, f, g) + problem.X.nominal_mass * problem.Y.nominal_mass
+
+
+def _mass_gap(problem: Problem, f: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """(B,) mass(P) − M_x M_y without cancellation: eps multiplies it in the value, and at
+    large eps both terms are ≈ M_x M_y (M the nominal masses)."""
     X, Y = problem.X, problem.Y
+    mx, my = X.nominal_mass, Y.nominal_mass
     if X.rho is None:
-        return X.mass
+        return mx * (1.0 - my)
     if Y.rho is None:
-        return Y.mass
-    mx = (X.w * torch.exp(-f / X.rho)).sum(-1)
-    my = (Y.w * torch.exp(-g / Y.rho)).sum(-1)
-    return 0.5 * (mx + my)
+        return my * (1.0 - mx)
+    # Σ w e^{−pot/rho} − M = Σ w expm1(−pot/rho) keeps the digits of a small exponent.
+    ex = (X.w * torch.expm1(-f / X.rho)).sum(-1)
+    ey = (Y.w * torch.expm1(-g / Y.rho)).sum(-1)
+    return 0.5 * (ex + ey + mx * (1.0 - my) + my * (1.0 - mx))
 
 
 def dual_value(
@@ -44,8 +58,7 @@ def dual_value(
         if fused is not None:
             return fused
     X, Y = problem.X, problem.Y
-    mass = plan_mass(problem, f, g)
-    return _phi(X, f) + _phi(Y, g) - eps * (mass - X.mass * Y.mass)
+    return _phi(X, f) + _phi(Y, g) - eps * _mass_gap(problem, f, g)
 
 
 def _target(side: Side, pot: torch.Tensor) -> torch.Tensor:

@@ -38,8 +38,8 @@ from .configs import PREPARE_BLOCK, PREPARE_BLOCK_P, prepare_block_d
 #: Precision codes of the side kernel: exact points, the float16 grid, float16 hi/lo parts.
 _PRECISIONS = {"ieee": 0, "tf32": 1, "tf32x3": 2}
 #: Values per problem in the statistics vector (see ``stats``; _prepare_reduce_kernel writes
-#: exactly these nine, in that order).
-N_STATS = 9
+#: exactly these ten, in that order).
+N_STATS = 10
 
 
 @triton.jit
@@ -125,7 +125,8 @@ def _prepare_reduce_kernel(
     BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, N_ST: tl.constexpr,
 ):  # fmt: skip
     # One program per problem: Stats[b] = (min a, max a, mass a, min b, max b, mass b,
-    # max |x - centre| over both clouds, NaN count of a, of b); Centre[b] = joint weighted mean;
+    # max |x - centre| over both clouds, NaN count of a, of b, squared diagonal of the bounding
+    # box of both clouds); Centre[b] = joint weighted mean;
     # Means[b], Means[b] + s_mean = weighted means of the centred x and y clouds.
     i_b = tl.program_id(0)
     i_b64 = i_b.to(tl.int64)
@@ -133,6 +134,7 @@ def _prepare_reduce_kernel(
     mb, minb, maxb, nanb = _mass_stats(Ps, i_b64, n_bx, n_prog, n_prog, BLOCK_P)
     inv_mass = 1.0 / (ma + mb)
     b_amax = tl.zeros([BLOCK_D], tl.float32)
+    b_box = tl.zeros([BLOCK_D], tl.float32)
     b_bad = tl.zeros([BLOCK_D], tl.int32)
     for d0 in range(0, d, BLOCK_D):
         o_d = d0 + tl.arange(0, BLOCK_D)
@@ -161,6 +163,7 @@ def _prepare_reduce_kernel(
         b_hi1 = tl.max(b_hi, 0)
         b_dev = tl.maximum(b_hi1 - b_c, b_c - b_lo1)
         b_amax = tl.maximum(b_amax, tl.where(m_d, b_dev, 0.0))
+        b_box += tl.where(m_d, (b_hi1 - b_lo1) * (b_hi1 - b_lo1), 0.0)
         # Non-finite extremes or centre: some point is NaN or inf. Tested explicitly, since
         # tl.maximum need not propagate a NaN.
         b_fin = (b_c == b_c) & (tl.abs(b_c) < float("inf")) & (b_lo1 > float("-inf"))
@@ -178,6 +181,7 @@ def _prepare_reduce_kernel(
     tl.store(Stats + o_s + 6, amax)
     tl.store(Stats + o_s + 7, nana)
     tl.store(Stats + o_s + 8, nanb)
+    tl.store(Stats + o_s + 9, tl.sum(b_box, 0))
 
 
 @triton.jit
@@ -276,7 +280,7 @@ def stats(X: torch.Tensor, Y: torch.Tensor, a, b, outs: dict) -> tuple[torch.Ten
     Returns:
         ``(centre, stats)``: (B, d) float32 joint weighted mean, and (B, N_STATS) float32 rows
         (min a, max a, mass a, min b, max b, mass b, max |centred coordinate| (inf when a point
-        is NaN or inf), NaN count of a, NaN count of b).
+        is NaN or inf), NaN count of a, NaN count of b, squared bounding-box diagonal).
     """
     B, n, d = X.shape
     m = Y.shape[1]
