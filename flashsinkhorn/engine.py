@@ -13,6 +13,7 @@ import math
 import torch
 
 from . import _validation as V
+from . import limits
 from .backends import kernel_costs, resolve_backend, select_path
 from .backends.sides import prepare_sides
 from .options import SinkhornOptions
@@ -60,6 +61,7 @@ def solve_points(
         )  # fmt: skip
         impl = select_path(impl, problem, opts.path)
         opts, eps_list = schedule_for(problem, opts, gpu=impl.name == "triton")
+        problem = limits.admit(problem, eps_list, tol=opts.tol)
 
         def run():
             st = solve(problem, impl, eps_list, opts)

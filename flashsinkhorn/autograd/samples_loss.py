@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from .. import limits
 from ..backends import resolve_backend
 from ..engine import resolve_precision
 from ..options import SinkhornOptions
@@ -134,6 +135,7 @@ class SamplesLossFunction(torch.autograd.Function):
         with torch.no_grad():
             problem = _prepare(x, y, a, b, spec, prec)
             eps_list = _eps_list(x, y, spec)
+            problem = limits.admit(problem, eps_list, tol=None, names=("reach", "reach"))
             loop = _Loop(problem, impl, eps_list, spec.debias)
             value = _value(problem, loop, spec)
         ctx.problem, ctx.impl, ctx.loop, ctx.spec = problem, impl, loop, spec
@@ -144,6 +146,7 @@ class SamplesLossFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         x, y, a, b = ctx.saved_tensors
         problem, impl, loop, spec = ctx.problem, ctx.impl, ctx.loop, ctx.spec
+        limits.check_plan(problem, loop.eps, "gradients")
         X, Y, prec, eps = problem.X, problem.Y, problem.precision, loop.eps
         need = ctx.needs_input_grad
         gx = gy = ga = gb = None
@@ -229,6 +232,7 @@ def geomloss_potentials(x, y, a, b, spec: GeomLossSpec) -> tuple[torch.Tensor, t
     with torch.no_grad():
         problem = _prepare(x, y, a, b, spec, prec)
         eps_list = _eps_list(x, y, spec)
+        problem = limits.admit(problem, eps_list, tol=None, names=("reach", "reach"))
         loop = _Loop(problem, impl, eps_list, spec.debias)
         F, G = loop.f / k, loop.g / k
         if spec.debias:
