@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import limits
 from .backends.base import Backend
 from .problem import Problem
 from .solvers.objective import marginal_error as _marginal_error
@@ -56,6 +57,11 @@ class SinkhornResult:
         acceleration: the acceleration that ran: "none", "overrelax" or "anderson".
         solution: the :class:`Solution` (batched potentials, problem, backend) that
             gradients and transport operators read.
+
+    Everything read off the plan (``marginal_error`` when the convergence test did not give
+    it, :meth:`marginals`, :meth:`apply`, :meth:`apply_T`, :meth:`barycentric_map`,
+    :meth:`plan`) raises ``ValueError`` when eps is below the resolution of the potentials'
+    dtype, about 1.2e-5·diameter² in float32 (docs/precision.md); f, g and value stay valid.
     """
 
     def __init__(
@@ -97,6 +103,7 @@ class SinkhornResult:
         streaming pass per side).
         """
         if self._error is None:
+            self._check_plan("the marginal error")
             with torch.no_grad():
                 self._error = _marginal_error(
                     self.solution.problem,
@@ -108,7 +115,12 @@ class SinkhornResult:
         return self.solution.problem.unbatch(self._error)
 
     def marginals(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Row and column marginals (P1, Pᵀ1) of the plan, shapes like ``f`` and ``g``."""
+        """Row and column marginals (P1, Pᵀ1) of the plan, shapes like ``f`` and ``g``.
+
+        Raises:
+            ValueError: eps below the resolution of the potentials' dtype (docs/precision.md).
+        """
+        self._check_plan("marginals")
         with torch.no_grad():
             ra, rb = _marginals(
                 self.solution.problem,
@@ -118,6 +130,9 @@ class SinkhornResult:
                 self.eps,
             )
         return self.solution.problem.unbatch(ra), self.solution.problem.unbatch(rb)
+
+    def _check_plan(self, what: str) -> None:
+        limits.check_plan(self.solution.problem, self.eps, what)
 
     # ----- transport operators (streaming; no n × m tensor except in plan()) -----
 
@@ -154,6 +169,7 @@ class SinkhornResult:
         """
         problem = self.solution.problem
         W, vector = self._values("V", V, problem.Y.n)
+        self._check_plan("apply()")
         with torch.no_grad():
             out, _ = self.solution.backend.transport(
                 problem.X,
@@ -179,6 +195,7 @@ class SinkhornResult:
         """
         problem = self.solution.problem
         W, vector = self._values("U", U, problem.X.n)
+        self._check_plan("apply_T()")
         with torch.no_grad():
             out, _ = self.solution.backend.transport(
                 problem.Y,
@@ -206,6 +223,7 @@ class SinkhornResult:
         """
         problem = self.solution.problem
         X, Y = problem.X, problem.Y
+        self._check_plan("barycentric_map()")
         with torch.no_grad():
             py, marg = self.solution.backend.transport(
                 X, Y, self.solution.f, self.solution.g, self.eps, Y.x, None, None, problem.precision
@@ -229,7 +247,8 @@ class SinkhornResult:
             (n, m) or (B, n, m), potential dtype.
 
         Raises:
-            ValueError: above ``max_elements``; use :meth:`apply` / :meth:`apply_T` instead.
+            ValueError: above ``max_elements``; use :meth:`apply` / :meth:`apply_T` instead;
+                eps below the resolution of the potentials' dtype (docs/precision.md).
         """
         problem = self.solution.problem
         X, Y = problem.X, problem.Y
@@ -239,6 +258,7 @@ class SinkhornResult:
                 f"plan() would materialise B·n·m = {size:,} elements (> max_elements="
                 f"{max_elements:,}); use apply()/apply_T() (streaming) or raise max_elements"
             )
+        self._check_plan("plan()")
         with torch.no_grad():
             if problem.default_cost:
                 x, y = X.x.to(problem.dtype), Y.x.to(problem.dtype)
