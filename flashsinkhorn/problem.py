@@ -60,10 +60,14 @@ class Side:
     #: (B, d) weighted mean Σ w x / Σ w of the centred points before any float16 rounding,
     #: potential dtype; None where the side was not built by ``prepare`` (:func:`side_mean`).
     mean: torch.Tensor | None = None
-    #: (B,) mass the soft-mins and the dual value attribute to this side's weights, or None
-    #: for their own sum. The two sides of a balanced problem share one (the x side's): their
-    #: float sums differ by rounding, which eps multiplies at large eps (docs/precision.md).
-    mass_ref: torch.Tensor | None = None
+    #: The mass the soft-mins and the dual value attribute to this side's weights (its
+    #: nominal mass): exactly 1 with ``unit_mass`` (uniform weights), else the sum of
+    #: ``mass_of`` (the x side's weights, for the y side of a balanced problem), else the
+    #: weights' own sum. Float sums differ from it by rounding, which eps multiplies at large
+    #: eps (docs/precision.md). Flags and the other side's tensor, not a new tensor: the
+    #: solve-graph keys (solvers/graphs.py) hold every tensor field's address.
+    unit_mass: bool = False
+    mass_of: torch.Tensor | None = None
     #: eps from which the soft-min with this side as the rows uses the expansion about the
     #: mean score (limits.py, docs/precision.md); inf: never.
     large_eps: float = math.inf
@@ -84,8 +88,15 @@ class Side:
 
     @property
     def nominal_mass(self) -> torch.Tensor:
-        """(B,) the mass attributed to this side: ``mass_ref``, or the weights' own sum."""
-        return self.mass if self.mass_ref is None else self.mass_ref
+        """(B,) the mass attributed to this side (see ``unit_mass``)."""
+        if self.unit_mass:
+            return torch.ones_like(self.w[:, 0])
+        return (self.w if self.mass_of is None else self.mass_of).sum(-1)
+
+    @property
+    def renormalised(self) -> bool:
+        """The nominal mass is not the weights' own sum."""
+        return self.unit_mass or self.mass_of is not None
 
     def damping(self, eps: float) -> float:
         """Factor λ = 1 / (1 + eps / rho) applied to the soft-min (1 for a balanced side)."""
@@ -304,9 +315,12 @@ def prepare(
         side_x, side_y, centre, stats = _prepare_torch(
             X, Y, wa, wb, rho_x, rho_y, precision, checks
         )
+    # Uniform weights have mass exactly 1, not the rounded sum of n copies of 1/n; one mass
+    # for both sides of a balanced problem, whose sums differ by rounding only (checked above).
+    side_x = replace(side_x, unit_mass=a is None)
+    side_y = replace(side_y, unit_mass=b is None)
     if balanced:
-        # One mass for both sides: their sums differ by rounding only (checked above).
-        side_y = replace(side_y, mass_ref=side_x.mass)
+        side_y = replace(side_y, unit_mass=a is None, mass_of=None if a is None else side_x.w)
     if cost != "sqeuclidean" or labels is not None:
         side_x, side_y = _with_cost(side_x, side_y, cost, labels, sq_floor, B, pdtype)
     return Problem(side_x, side_y, batched, precision, centre, stats)

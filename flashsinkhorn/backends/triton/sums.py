@@ -17,9 +17,9 @@ value. Then, per ``mode``:
   x̄, ȳ the weighted means of the centred points; ``tiles.mean_cost`` of it for other costs);
 * ``MODE_SECOND``: k (s1x/s0x + s1y/s0y) + c (p = the potentials);
 * ``MODE_VALUE``: φx + φy − eps (mass(P) − M_x M_y) with φ = M s1/s0 for a hard marginal
-  and rho s3 for a KL one, and mass(P) = M of a hard side, else (s2x + s2y) / 2; M is the
-  side's nominal mass (``Side.nominal_mass``, the one in the soft-mins) for hard sides and s0
-  for KL ones; mass(P) − M_x M_y is summed from s3 and 1 − M without cancellation.
+  and rho M s3/s0 for a KL one, and mass(P) = M of a hard side, else the mean of
+  M (1 − s3/s0) over the sides; M is the side's nominal mass (``Side.nominal_mass``, the one
+  in the soft-mins); mass(P) − M_x M_y is summed from s3 and 1 − M without cancellation.
 """
 
 from __future__ import annotations
@@ -102,15 +102,16 @@ def _solve_scalar_kernel(
     elif mode == 1:
         out = k * (s1x / s0x + s1y / s0y) + c
     else:
-        # Hard sides use the nominal masses the soft-mins put in the potentials (NMx, NMy:
-        # Side.nominal_mass; a balanced problem's two are equal), so that eps ln M there and
-        # the mass term cancel exactly; mass(P) − M_x M_y is formed without cancellation,
-        # eps multiplies it (objective.py).
+        # mass(P) − M_x M_y is formed without cancellation: eps multiplies it (objective.py).
+        # Every side sum is taken with the weights scaled to the nominal mass M (NMx, NMy:
+        # Side.nominal_mass, the one in the soft-mins), M s/s0, so that eps ln M in the
+        # potentials meets the same M in the mass term.
         nmx = tl.load(NMx + i_b64)
         nmy = tl.load(NMy + i_b64)
-        phi_x = tl.where(kl_x != 0, rho_x * s3x, nmx * (s1x / s0x))
-        phi_y = tl.where(kl_y != 0, rho_y * s3y, nmy * (s1y / s0y))
-        gap_kl = 0.5 * (s0x * (1.0 - s0y) + s0y * (1.0 - s0x) - s3x - s3y)
+        phi_x = tl.where(kl_x != 0, rho_x * nmx * (s3x / s0x), nmx * (s1x / s0x))
+        phi_y = tl.where(kl_y != 0, rho_y * nmy * (s3y / s0y), nmy * (s1y / s0y))
+        gap_kl = 0.5 * (nmx * (1.0 - nmy) + nmy * (1.0 - nmx) - nmx * (s3x / s0x)
+                        - nmy * (s3y / s0y))  # fmt: skip
         gap = tl.where(kl_x == 0, nmx * (1.0 - nmy), tl.where(kl_y == 0, nmy * (1.0 - nmx), gap_kl))
         out = phi_x + phi_y - eps * gap
     tl.store(Out + i_b64, out)
