@@ -54,6 +54,11 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+def _or_float64(problem: Problem) -> str:
+    """The advice to switch to float64, where it is not the dtype already."""
+    return "" if problem.dtype == torch.float64 else " or pass float64 points"
+
+
 def _live(problem: Problem) -> bool:
     """Some points carry no mass: the statistics of ``prepare`` (over every point) overstate
     the scale of the plan, and :func:`_scales` recomputes them over the others."""
@@ -123,8 +128,8 @@ def check_plan(problem: Problem, eps: float, what: str) -> None:
     raise ValueError(
         f"eps={eps:.3g} is too small for {what} in {name}: {name} potentials resolve the "
         f"transport plan only for eps >= {ratio:.2g}·diameter² = {floor:.3g} here (rounding "
-        f"of the potentials and costs enters the plan as exp(±u·diameter²/eps)); pass "
-        f"float64 points or a larger eps (docs/precision.md)"
+        f"of the potentials and costs enters the plan as exp(±u·diameter²/eps)); pass a "
+        f"larger eps{_or_float64(problem)} (docs/precision.md)"
     )
 
 
@@ -153,14 +158,14 @@ def check_range(problem: Problem, eps_list: list[float], names=("rho_x", "rho_y"
         raise ValueError(
             f"x and y are too large for {name}: squared distances reach {4.0 * sq:.3g} "
             f"(largest centred coordinate {st.amax:.3g}), above {top:.3g}; rescale the points "
-            f"(the cost scales with their square) or pass float64 points"
+            f"(the cost scales with their square){_or_float64(problem)}"
         )
     mass = max(st.mass, 1.0)
     if not mass * mass <= top:
         raise ValueError(
             f"a and b are too large for {name}: a total mass of {st.mass:.3g} makes the plan's "
             f"mass a⊗b overflow ({mass * mass:.3g} > {top:.3g}); rescale the weights (the value "
-            f"scales with them) or pass float64 points"
+            f"scales with them){_or_float64(problem)}"
         )
     lo = max(fi.tiny, HEADROOM * 4.0 * sq / top)
     hi = top / (mass * mass)
@@ -168,12 +173,12 @@ def check_range(problem: Problem, eps_list: list[float], names=("rho_x", "rho_y"
         if eps < lo:
             raise ValueError(
                 f"eps={eps:.3g} is too small for {name}: the scores cost/eps overflow below "
-                f"eps = {lo:.3g} for these points; pass float64 points or a larger eps"
+                f"eps = {lo:.3g} for these points; pass a larger eps{_or_float64(problem)}"
             )
         if eps > hi:
             raise ValueError(
                 f"eps={eps:.3g} is too large for {name}: eps·mass² must stay below {top:.3g} "
-                f"(largest eps here {hi:.3g}); pass float64 points or a smaller eps"
+                f"(largest eps here {hi:.3g}); pass a smaller eps{_or_float64(problem)}"
             )
     eps_hi = max(eps_list)
     for side, nm in ((problem.X, names[0]), (problem.Y, names[1])):
@@ -183,14 +188,15 @@ def check_range(problem: Problem, eps_list: list[float], names=("rho_x", "rho_y"
         lo_rho = max(fi.tiny, HEADROOM * eps_hi / top)
         if rho < lo_rho:
             raise ValueError(
-                f"{nm} is too small for {name}: rho = {rho:.3g} < {lo_rho:.3g} (below the "
-                f"smallest normal number, or eps/rho overflows); pass float64 points, a larger "
-                f"{nm}, or None for a hard marginal"
+                f"{nm} is too small for {name}: its KL strength rho = {rho:.3g} < {lo_rho:.3g} "
+                f"(below the smallest normal number, or eps/rho overflows); pass a larger {nm} "
+                f"or None for a hard marginal{_or_float64(problem)}"
             )
         if rho > top / mass:
             raise ValueError(
-                f"{nm} is too large for {name}: rho = {rho:.3g} > {top / mass:.3g}; pass "
-                f"{nm}=None for a hard marginal (the limit of a large rho)"
+                f"{nm} is too large for {name}: its KL strength rho = {rho:.3g} > "
+                f"{top / mass:.3g}; pass {nm}=None for a hard marginal (the limit of a large "
+                f"rho)"
             )
 
 
