@@ -152,7 +152,7 @@ def _softmin_rows(
                 b_v = b_p[None, :] - b_d
             if LABELS:
                 b_v = b_v - b_lab
-            b_t = (b_v - b_c1[:, None]) / eps
+            b_t = (b_v - b_c1[:, None]) * (1.0 / eps)
             b_wn = tl.load(Cwn + o_vc, mask=m_n, other=0.0)
             b_live = b_wn[None, :] > 0.0
             b_s1 += tl.sum(tl.where(b_live, b_wn[None, :] * expm1(b_t), 0.0), 1)
