@@ -5,8 +5,8 @@ same iterations, or must be a ValueError: never NaN, never a silently wrong numb
 Error model (docs/precision.md), u = 2^-24 the float32 unit roundoff:
 
 - value: 1e-5 relative, plus 1e-6 · mass · diameter² (the rounding of potentials of size
-  diameter² over the iterations), plus 4 u · eps · |M − 1| · M for weights whose float sum M
-  is not exactly 1 (the potentials carry eps ln M, stored to u);
+  diameter² over the 20 unconverged iterations), plus 4 u · eps · |M − 1| · M for weights
+  whose float sums M are not exactly 1 (the potentials carry eps ln M, stored to u);
 - plan-derived outputs (gradients, marginals): 1e-7 · diameter² / eps relative (1e-3 at
   eps = 1e-4 · diameter²), at least 1e-5; refused below 1.2e-5 · diameter².
 """
