@@ -15,6 +15,7 @@ from dataclasses import replace
 import torch
 
 from . import _validation as V
+from . import limits
 from .backends import kernel_costs, resolve_backend, select_path
 from .backends.matrix import MatrixBackend, prepare_matrix
 from .backends.sides import prepare_sides
@@ -90,6 +91,7 @@ def solve_points(
     with torch.no_grad():
         impl, problem = _problem(x, y, a, b, opts, sq_floor)
         opts, eps_list = schedule_for(problem, opts, gpu=impl.name == "triton")
+        problem = limits.admit(problem, eps_list, tol=opts.tol)
         return _solve(problem, impl, eps_list, opts)
 
 
@@ -121,6 +123,7 @@ def solve_divergence(
     with torch.no_grad():
         impl, problem = _problem(x, y, a, b, opts, 0.0)
         opts, eps_list = schedule_for(problem, opts, gpu=impl.name == "triton")
+        problem = limits.admit(problem, eps_list, tol=opts.tol)
         xy = _solve(problem, impl, eps_list, opts)
         base = resolve_backend(opts.backend, x.device, x.dtype)
 

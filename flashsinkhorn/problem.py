@@ -61,6 +61,17 @@ class Side:
     #: (B, d) weighted mean Σ w x / Σ w of the centred points before any float16 rounding,
     #: potential dtype; None where the side was not built by ``prepare`` (:func:`side_mean`).
     mean: torch.Tensor | None = None
+    #: The mass the soft-mins and the dual value attribute to this side's weights (its
+    #: nominal mass): exactly 1 with ``unit_mass`` (uniform weights), else the sum of
+    #: ``mass_of`` (the x side's weights, for the y side of a balanced problem), else the
+    #: weights' own sum. Float sums differ from it by rounding, which eps multiplies at large
+    #: eps (docs/precision.md). Flags and the other side's tensor, not a new tensor: the
+    #: solve-graph keys (solvers/graphs.py) hold every tensor field's address.
+    unit_mass: bool = False
+    mass_of: torch.Tensor | None = None
+    #: eps from which the soft-min with this side as the rows uses the expansion about the
+    #: mean score (limits.py, docs/precision.md); inf: never.
+    large_eps: float = math.inf
 
     @property
     def n(self) -> int:
@@ -75,6 +86,18 @@ class Side:
     def mass(self) -> torch.Tensor:
         """(B,) total mass of the weights."""
         return self.w.sum(-1)
+
+    @property
+    def nominal_mass(self) -> torch.Tensor:
+        """(B,) the mass attributed to this side (see ``unit_mass``)."""
+        if self.unit_mass:
+            return torch.ones_like(self.w[:, 0])
+        return (self.w if self.mass_of is None else self.mass_of).sum(-1)
+
+    @property
+    def renormalised(self) -> bool:
+        """The nominal mass is not the weights' own sum."""
+        return self.unit_mass or self.mass_of is not None
 
     def damping(self, eps: float) -> float:
         """Factor λ = 1 / (1 + eps / rho) applied to the soft-min (1 for a balanced side)."""
@@ -94,6 +117,7 @@ def stackable(sides: list[Side]) -> bool:
         and s.kscale == s0.kscale
         and s.cost == s0.cost
         and s.sq_floor == s0.sq_floor
+        and s.large_eps == s0.large_eps
         and s.labels is None
         for s in sides
     )
@@ -118,7 +142,28 @@ def stack_sides(sides: list[Side]) -> Side:
         xk=cat("xk"),
         mean=cat("mean") if all(s.mean is not None for s in sides) else None,
         has_null=any(s.has_null for s in sides),
+        # nominal masses (Side.nominal_mass) stay per problem
+        unit_mass=all(s.unit_mass for s in sides),
+        mass_of=None,
     )
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Host statistics of a prepared problem, over every problem of the batch.
+
+    Attributes:
+        amax: largest |coordinate| of the centred points (inf when one is not finite).
+        box2: largest squared diagonal of the bounding box of both clouds of one problem.
+        mass: largest total mass of a weight vector.
+        sq_max: largest squared norm of a centred point, or None when not computed (the fused
+            path reads it only when needed, limits.py).
+    """
+
+    amax: float
+    box2: float
+    mass: float
+    sq_max: float | None = None
 
 
 def side_mean(side: Side) -> torch.Tensor:
@@ -145,9 +190,17 @@ class Problem:
     # (B, d) joint weighted mean subtracted from both clouds (potential dtype); maps results
     # that live in point space (barycentric map) back to the caller's coordinates.
     centre: torch.Tensor | None = None
-    #: Diagonal of the bounding box of both clouds (the largest over a batch), read with
-    #: ``prepare``'s value checks; None where they did not run.
-    diameter: float | None = None
+    #: What ``prepare`` read back in its synchronisation (host floats; None where unknown):
+    #: the range checks and the choice of soft-min (limits.py) use them.
+    stats: Stats | None = None
+
+    @property
+    def diameter(self) -> float | None:
+        """Diagonal of the bounding box of both clouds (the largest over a batch), read with
+        ``prepare``'s statistics; None where unknown or not finite."""
+        if self.stats is None or not math.isfinite(self.stats.box2):
+            return None
+        return math.sqrt(self.stats.box2)
 
     @property
     def B(self) -> int:
@@ -283,8 +336,7 @@ def prepare(
         sq_floor: floor of the squared distance of the euclidean cost.
         sides: a backend's implementation of the arithmetic (``backends.prepare_sides``):
             called as ``sides(X, Y, a, b, rho_x, rho_y, precision, checks)`` on the batched
-            clouds, it returns ``(side_x, side_y, centre, diameter)``; None uses torch
-            operations.
+            clouds, it returns ``(side_x, side_y, centre, stats)``; None uses torch operations.
 
     Returns:
         The problem with centred points; the caller's tensors are not modified.
@@ -309,18 +361,22 @@ def prepare(
         1e-6 if pdtype == torch.float64 else 1e-4,
     )  # fmt: skip
     if sides is not None:
-        side_x, side_y, centre, diameter = sides(X, Y, a, b, rho_x, rho_y, precision, checks)
+        side_x, side_y, centre, stats = sides(X, Y, a, b, rho_x, rho_y, precision, checks)
     else:
         wa = _weights(a, B, n, X, pdtype)
         wb = _weights(b, B, m, Y, pdtype)
-        side_x, side_y, centre, diameter = _prepare_torch(
+        side_x, side_y, centre, stats = _prepare_torch(
             X, Y, wa, wb, rho_x, rho_y, precision, checks
         )
+    # Uniform weights have mass exactly 1, not the rounded sum of n copies of 1/n; one mass
+    # for both sides of a balanced problem, whose sums differ by rounding only (checked above).
+    side_x = replace(side_x, unit_mass=a is None)
+    side_y = replace(side_y, unit_mass=b is None)
+    if balanced:
+        side_y = replace(side_y, unit_mass=a is None, mass_of=None if a is None else side_x.w)
     if cost != "sqeuclidean" or labels is not None:
         side_x, side_y = _with_cost(side_x, side_y, cost, labels, sq_floor, B, pdtype)
-    if diameter is not None and not math.isfinite(diameter):
-        diameter = None
-    return Problem(side_x, side_y, batched, precision, centre, diameter)
+    return Problem(side_x, side_y, batched, precision, centre, stats)
 
 
 @dataclass(frozen=True)
@@ -406,18 +462,20 @@ def _prepare_torch(X, Y, wa, wb, rho_x, rho_y, precision, checks: Checks):
         stats += [*torch.aminmax(w), mw.min()]
     if checks.gap:
         stats.append(((ma - mb).abs() / torch.maximum(ma, mb)).max())
-    if checks.amax:
-        stats.append(torch.maximum(Xc.abs().max(), Yc.abs().max()))
-        hi = torch.maximum(Xc.amax(1), Yc.amax(1))
-        lo = torch.minimum(Xc.amin(1), Yc.amin(1))
-        stats.append((hi - lo).norm(dim=-1).max())
-    vals = torch.stack([t.to(pdtype) for t in stats]).tolist() if stats else []
+    # The scale statistics of the range checks (limits.py) ride on the same synchronisation:
+    # largest centred coordinate, bounding-box diagonal², largest mass and squared norm.
+    lo = torch.minimum(Xc.amin(1), Yc.amin(1))
+    hi = torch.maximum(Xc.amax(1), Yc.amax(1))
+    sq_max = torch.maximum((Xc * Xc).sum(-1).max(), (Yc * Yc).sum(-1).max())
+    stats += [torch.maximum(Xc.abs().max(), Yc.abs().max()), ((hi - lo) ** 2).sum(-1).max()]
+    stats += [torch.maximum(ma.max(), mb.max()), sq_max]
+    vals = torch.stack([t.to(pdtype) for t in stats]).tolist()
     wvals, rest = vals[: 3 * len(given)], vals[3 * len(given) :]
     per = {nm: wvals[3 * k : 3 * k + 3] for k, (nm, _, _) in enumerate(given)}
-    amax = rest[-2] if checks.amax else 0.0
-    diameter = rest[-1] if checks.amax else None
+    amax = rest[-4]
     gap = rest[0] if checks.gap else 0.0
     check_values(per, gap, amax, checks, X, Y)
+    scale_stats = Stats(amax, rest[-3], rest[-2], rest[-1])
     # Zero-weight points (see Side.has_null).
     null_a = "a" in per and per["a"][0] == 0
     null_b = "b" in per and per["b"][0] == 0
@@ -425,7 +483,7 @@ def _prepare_torch(X, Y, wa, wb, rho_x, rho_y, precision, checks: Checks):
     kscale = kernel_scale(precision, amax) if scaled else 1.0
     side_x = centred_side(Xc, X.dtype, wa, rho_x, precision, kscale, null_a, mean_x)
     side_y = centred_side(Yc, X.dtype, wb, rho_y, precision, kscale, null_b, mean_y)
-    return side_x, side_y, centre, diameter
+    return side_x, side_y, centre, scale_stats
 
 
 def centred_side(

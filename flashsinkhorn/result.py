@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import limits
 from ._boundary import entry_point
 from ._validation import check_int
 from .backends.base import Backend
@@ -60,6 +61,11 @@ class SinkhornResult:
         acceleration: the acceleration that ran: "none", "overrelax" or "anderson".
         solution: the :class:`Solution` (batched potentials, problem, backend) that
             gradients and transport operators read.
+
+    Everything read off the plan (``marginal_error`` when the convergence test did not give
+    it, :meth:`marginals`, :meth:`apply`, :meth:`apply_T`, :meth:`barycentric_map`,
+    :meth:`plan`) raises ``ValueError`` when eps is below the resolution of the potentials'
+    dtype, about 1.2e-5·diameter² in float32 (docs/precision.md); f, g and value stay valid.
     """
 
     def __init__(
@@ -102,6 +108,7 @@ class SinkhornResult:
         streaming pass per side).
         """
         if self._error is None:
+            self._check_plan("the marginal error")
             with torch.no_grad():
                 self._error = _marginal_error(
                     self.solution.problem,
@@ -114,7 +121,12 @@ class SinkhornResult:
 
     @entry_point
     def marginals(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Row and column marginals (P1, Pᵀ1) of the plan, shapes like ``f`` and ``g``."""
+        """Row and column marginals (P1, Pᵀ1) of the plan, shapes like ``f`` and ``g``.
+
+        Raises:
+            ValueError: eps below the resolution of the potentials' dtype (docs/precision.md).
+        """
+        self._check_plan("marginals")
         with torch.no_grad():
             ra, rb = _marginals(
                 self.solution.problem,
@@ -124,6 +136,9 @@ class SinkhornResult:
                 self.eps,
             )
         return self.solution.problem.unbatch(ra), self.solution.problem.unbatch(rb)
+
+    def _check_plan(self, what: str) -> None:
+        limits.check_plan(self.solution.problem, self.eps, what)
 
     # ----- transport operators (streaming; no n × m tensor except in plan()) -----
 
@@ -161,6 +176,7 @@ class SinkhornResult:
         """
         problem = self.solution.problem
         W, vector = self._values("V", V, problem.Y.n)
+        self._check_plan("apply()")
         with torch.no_grad():
             out, _ = self.solution.backend.transport(
                 problem.X,
@@ -187,6 +203,7 @@ class SinkhornResult:
         """
         problem = self.solution.problem
         W, vector = self._values("U", U, problem.X.n)
+        self._check_plan("apply_T()")
         with torch.no_grad():
             out, _ = self.solution.backend.transport(
                 problem.Y,
@@ -224,6 +241,7 @@ class SinkhornResult:
                 "barycentric_map() needs point clouds; a cost-matrix solve has none: use "
                 "apply(V) / marginals()[0] with the values V of its columns"
             )
+        self._check_plan("barycentric_map()")
         with torch.no_grad():
             py, marg = self.solution.backend.transport(
                 X, Y, self.solution.f, self.solution.g, self.eps, Y.x, None, None, problem.precision
@@ -249,7 +267,8 @@ class SinkhornResult:
             (n, m) or (B, n, m), potential dtype.
 
         Raises:
-            ValueError: above ``max_elements``; use :meth:`apply` / :meth:`apply_T` instead.
+            ValueError: above ``max_elements``; use :meth:`apply` / :meth:`apply_T` instead;
+                eps below the resolution of the potentials' dtype (docs/precision.md).
         """
         max_elements = check_int("max_elements", max_elements, 1)
         problem = self.solution.problem
@@ -260,6 +279,7 @@ class SinkhornResult:
                 f"plan() would materialise B·n·m = {size:,} elements (> max_elements="
                 f"{max_elements:,}); use apply()/apply_T() (streaming) or raise max_elements"
             )
+        self._check_plan("plan()")
         with torch.no_grad():
             if problem.cost == MATRIX:
                 return problem.unbatch(dense_plan(problem, self.solution.f, self.solution.g,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import limits
 from .._boundary import backward_autocast_off
 from ..problem import stack_sides, stackable
 from .double_backward import EnvelopeGrad, hvp_settings
@@ -49,6 +50,7 @@ class DivergenceFunction(torch.autograd.Function):
         x, y, a, b, label_cost = ctx.saved_tensors
         xy, xx, yy = ctx.terms
         problem = xy.solution.problem
+        limits.check_plan(problem, xy.eps, "gradients")
         need = ctx.needs_input_grad
         balanced = problem.X.rho is None and problem.Y.rho is None
         second = ctx.second_order and torch.is_grad_enabled() and balanced and (need[0] or need[1])

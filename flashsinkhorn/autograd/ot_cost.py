@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import limits
 from .._boundary import backward_autocast_off
 from ..result import SinkhornResult
 from .double_backward import EnvelopeGrad, hvp_settings
@@ -40,9 +41,10 @@ def _weight_grad(res: SinkhornResult, side: str) -> torch.Tensor:
     # â_i / a_i = exp((pot_i − T_i) / eps), with T the soft-min of this side (one pass); it
     # stays finite where a_i = 0.
     _, raw = res.solution.backend.softmin(R, Cs, other, eps, pot, 0.0, 1.0, True, problem.precision)
-    ratio = torch.exp((pot - raw) / eps)
+    # eps (m(b) − â/a) = eps (m(b) − 1) − eps expm1(·): no cancellation at large eps
+    dratio = torch.expm1((pot - raw) / eps)
     dphi = pot if R.rho is None else R.rho * -torch.expm1(-pot / R.rho)
-    return dphi - eps * ratio + eps * Cs.mass[:, None]
+    return dphi - eps * dratio + eps * (Cs.mass[:, None] - 1.0)
 
 
 def _reduce_like(grad: torch.Tensor, like: torch.Tensor, batched: bool) -> torch.Tensor:
@@ -78,6 +80,7 @@ class OTCostFunction(torch.autograd.Function):
     @staticmethod
     @backward_autocast_off
     def backward(ctx, grad_out):
+        limits.check_plan(ctx.res.solution.problem, ctx.res.eps, "gradients")
         x, y, a, b, label_cost = ctx.saved_tensors
         gW = None
         if ctx.needs_input_grad[6]:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from .. import limits
 from .._boundary import backward_autocast_off
 from ..backends import resolve_backend
 from ..engine import resolve_precision
@@ -183,6 +184,7 @@ class SamplesLossFunction(torch.autograd.Function):
         with torch.no_grad():
             problem = _prepare(x, y, a, b, spec, prec)
             eps_list = _eps_list(x, y, spec, problem.dtype)
+            problem = limits.admit(problem, eps_list, tol=None, names=("reach", "reach"))
             loop = _Loop(problem, impl, eps_list, spec.debias)
             value = _value(problem, loop, spec)
         ctx.problem, ctx.impl, ctx.loop, ctx.spec = problem, impl, loop, spec
@@ -194,6 +196,7 @@ class SamplesLossFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         x, y, a, b = ctx.saved_tensors
         problem, loop, spec = ctx.problem, ctx.loop, ctx.spec
+        limits.check_plan(problem, loop.eps, "gradients")
         need = ctx.needs_input_grad
         # create_graph=True: for p = 2 and balanced marginals the point gradients are
         # differentiable, their backward the streaming HVP (as ot_cost's).
@@ -409,6 +412,7 @@ def geomloss_potentials(x, y, a, b, spec: GeomLossSpec) -> tuple[torch.Tensor, t
     with torch.no_grad():
         problem = _prepare(x, y, a, b, spec, prec)
         eps_list = _eps_list(x, y, spec, problem.dtype)
+        problem = limits.admit(problem, eps_list, tol=None, names=("reach", "reach"))
         loop = _Loop(problem, impl, eps_list, spec.debias)
         F, G = loop.f / k, loop.g / k
         if spec.debias:

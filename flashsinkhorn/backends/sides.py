@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from ..problem import Checks, Side, SidesFn, check_values, kernel_scale
+from ..problem import Checks, Side, SidesFn, Stats, check_values, kernel_scale
 from ..tuning import TUNING
 
 
@@ -38,7 +38,8 @@ def triton_sides(X, Y, a, b, rho_x, rho_y, precision, checks: Checks):
     tp.precompile(X, Y, a, b, precision)
     outs = tp.outputs(X, Y, a, b, precision)
     centre, st = tp.run_stats(X, Y, a, b, outs)
-    rows = st.tolist() if checks.any else []
+    # Read back always: the range checks (limits.py) need the scale statistics too.
+    rows = st.tolist()
     per = {}
     for nm, k, nan in (("a", 0, 7), ("b", 3, 8)):
         if nm in checks.names:
@@ -50,9 +51,9 @@ def triton_sides(X, Y, a, b, rho_x, rho_y, precision, checks: Checks):
     if checks.gap:
         gap = max(abs(r[2] - r[5]) / max(r[2], r[5]) if max(r[2], r[5]) > 0 else math.nan
                   for r in rows)  # fmt: skip
-    amax = max(r[6] for r in rows) if checks.amax else 0.0
+    amax = max(r[6] for r in rows)
     check_values(per, gap, amax, checks, X, Y)
-    diameter = math.sqrt(max(r[9] for r in rows)) if checks.amax else None
+    stats = Stats(amax, max(r[9] for r in rows), max(max(r[2], r[5]) for r in rows))
     scaled = precision in ("tf32", "tf32x3")
     kscale = kernel_scale(precision, amax) if scaled else 1.0
     ox, oy = tp.run_sides(X, Y, a, b, centre, precision, kscale, outs)
@@ -62,4 +63,4 @@ def triton_sides(X, Y, a, b, rho_x, rho_y, precision, checks: Checks):
                   mean=ox["mean"])  # fmt: skip
     side_y = Side(oy["x"], oy["sq"], oy["w"], oy["logw"], rho_y, oy["xk"], kscale, null_b,
                   mean=oy["mean"])  # fmt: skip
-    return side_x, side_y, centre, diameter
+    return side_x, side_y, centre, stats

@@ -211,6 +211,47 @@ def transport_grad(
     return grad, marg
 
 
+def natural_scores(rows: Side, sl: slice, cols: Side, col_pot: torch.Tensor, dist) -> torch.Tensor:
+    """(B, r, m) scores of a row block in cost units, eps·(z − log w): 2 r·c + p_j − ‖c_j‖²
+    for the squared Euclidean cost (shifted form), p_j − C_ij otherwise (``dist`` the cost
+    block of :func:`block_scores`), minus the label term."""
+    dtype = col_pot.dtype
+    if dist is None:
+        xr, yc = rows.x[:, sl].to(dtype), cols.x.to(dtype)
+        v = torch.baddbmm((col_pot - cols.sq)[:, None, :], xr, yc.transpose(1, 2), alpha=2.0)
+    else:
+        v = col_pot[:, None, :] - dist
+    if rows.labels is not None:
+        v = v - label_block(rows, sl, cols)
+    return v
+
+
+def expanded_softmin(rows: Side, sl: slice, cols: Side, col_pot, eps: float, z, offset, dist):
+    """The soft-min of a row block at large eps, expanded about the weighted mean score.
+
+    With v the scores in cost units (:func:`natural_scores`), c_i = Σ_j w̄_j v_ij their mean
+    under the normalised weights w̄ and t = (v − c)/eps,
+
+        T_i = offset_i − c_i − eps log M − eps log1p(Σ_j w̄_j expm1(t_ij)),
+
+    exact for any c and accurate where |t| <= 1: every term keeps the digits of the cost,
+    where exp(z) of scores within ulps of each other does not (docs/precision.md). M is the
+    side's nominal mass (``Side.nominal_mass``). Rows with a larger spread keep the plain
+    log-sum-exp, which is accurate there.
+    """
+    v = natural_scores(rows, sl, cols, col_pot, dist)
+    wn = cols.w / cols.w.sum(-1, keepdim=True)
+    live = (wn > 0)[:, None, :]
+    c = (wn[:, None, :] * torch.where(live, v, 0.0)).sum(-1, keepdim=True)
+    t = (v - c) / eps
+    s = (wn[:, None, :] * torch.where(live, torch.expm1(t), 0.0)).sum(-1)
+    spread = torch.where(live, t.abs(), 0.0).amax(-1)
+    logm = torch.log(cols.nominal_mass.to(c.dtype))[:, None]
+    expanded = offset - c[..., 0] - eps * (logm + torch.log1p(s))
+    plain = offset - eps * torch.logsumexp(z, dim=2)
+    return torch.where(spread <= 1.0, expanded, plain)
+
+
 class TorchBackend(Backend):
     """Reference backend built from batched matmuls and ``torch.logsumexp``."""
 
@@ -224,8 +265,13 @@ class TorchBackend(Backend):
         B, n, _ = rows.x.shape
         m = cols.x.shape[1]
         T = torch.empty_like(rows.sq)
+        large = eps >= rows.large_eps
         with matmul_precision(precision, rows.x.device):
             for sl in row_chunks(B, n, m, self.chunk_elements):
+                if large:
+                    z, offset, D = block_scores(rows, sl, cols, col_pot, eps)
+                    T[:, sl] = expanded_softmin(rows, sl, cols, col_pot, eps, z, offset, D)
+                    continue
                 if shifted(rows.cost) and rows.labels is None:
                     lse = torch.logsumexp(scores(rows.x[:, sl], cols, col_pot, eps), dim=2)
                     T[:, sl] = rows.sq[:, sl] - eps * lse

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import limits
 from ..result import SinkhornResult
 from .cg import CGInfo, cg_solve
 
@@ -52,6 +53,7 @@ class TransportHessian:
             raise ValueError(
                 "rho_x/rho_y: Hessian-vector products are implemented for balanced OT only"
             )
+        limits.check_plan(problem, res.eps, "Hessian-vector products")
         self.res = res
         self.problem = problem
         self.impl = res.solution.backend

@@ -2,33 +2,52 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from ..backends.base import Backend
 from ..problem import Problem, Side
 
 
+def _sum(side: Side, t: torch.Tensor) -> torch.Tensor:
+    """(B,) Σ_i w_i t_i with the weights scaled to the side's nominal mass M, M <w/Σw, t>
+    (``Side.nominal_mass``: 1 for uniform weights, the x side's mass for the y side of a
+    balanced problem), so that eps ln M in the potentials meets the same M in the mass term."""
+    dot = (side.w * t).sum(-1)
+    return side.nominal_mass * (dot / side.mass) if side.renormalised else dot
+
+
 def _phi(side: Side, pot: torch.Tensor) -> torch.Tensor:
-    """(B,) −<w, φ*(−pot)>: <w, pot> for a hard marginal, rho <w, 1 − e^{−pot/rho}> for KL."""
+    """(B,) −<w, φ*(−pot)>: <w, pot> for a hard marginal, rho <w, 1 − e^{−pot/rho}> for KL
+    (weights at the nominal mass, :func:`_sum`)."""
     if side.rho is None:
-        return (side.w * pot).sum(-1)
-    return side.rho * (side.w * -torch.expm1(-pot / side.rho)).sum(-1)
+        return _sum(side, pot)
+    return side.rho * _sum(side, -torch.expm1(-pot / side.rho))
 
 
 def plan_mass(problem: Problem, f: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """(B,) mass of the plan at a fixed point, from the potentials alone.
 
-    A hard marginal fixes it to that side's mass; a KL-relaxed side at its fixed point has
-    marginal w e^{−pot/rho}.
+    A hard marginal fixes it to that side's (nominal) mass; a KL-relaxed side at its fixed
+    point has marginal w e^{−pot/rho}.
     """
+    return _mass_gap(problem, f, g) + problem.X.nominal_mass * problem.Y.nominal_mass
+
+
+def _mass_gap(problem: Problem, f: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """(B,) mass(P) − M_x M_y without cancellation: eps multiplies it in the value, and at
+    large eps both terms are ≈ M_x M_y (M the nominal masses)."""
     X, Y = problem.X, problem.Y
+    mx, my = X.nominal_mass, Y.nominal_mass
     if X.rho is None:
-        return X.mass
+        return mx * (1.0 - my)
     if Y.rho is None:
-        return Y.mass
-    mx = (X.w * torch.exp(-f / X.rho)).sum(-1)
-    my = (Y.w * torch.exp(-g / Y.rho)).sum(-1)
-    return 0.5 * (mx + my)
+        return my * (1.0 - mx)
+    # Σ w e^{−pot/rho} − M = Σ w expm1(−pot/rho) keeps the digits of a small exponent.
+    ex = _sum(X, torch.expm1(-f / X.rho))
+    ey = _sum(Y, torch.expm1(-g / Y.rho))
+    return 0.5 * (ex + ey + mx * (1.0 - my) + my * (1.0 - mx))
 
 
 def dual_value(
@@ -39,13 +58,31 @@ def dual_value(
     For probability weights and hard marginals this is <a, f> + <b, g>. With ``backend``, its
     fused reduction (``Backend.dual_value``) where it has one.
     """
+    X, Y = problem.X, problem.Y
+    if backend is not None and X.rho is not None and Y.rho is not None and eps >= X.large_eps:
+        return _phi(X, f) + _phi(Y, g) - eps * _plan_mass_gap(problem, backend, f, g, eps)
     if backend is not None:
         fused = backend.dual_value(problem, f, g, eps)
         if fused is not None:
             return fused
+    return _phi(X, f) + _phi(Y, g) - eps * _mass_gap(problem, f, g)
+
+
+def _plan_mass_gap(problem: Problem, backend: Backend, f, g, eps: float) -> torch.Tensor:
+    """(B,) mass(P) − M_x M_y of two KL sides at large eps, from one soft-min pass.
+
+    There the fixed-point identity mass(P) = Σ a e^{−f/rho} leaves the O(1/eps) part of the
+    mass below float32's resolution of e^{−f/rho} ≈ M_y, and eps multiplies the loss. Instead,
+    with T̂ the soft-min of g against the columns' weights scaled to mass 1 (exactly what the
+    large-eps soft-min computes before adding −eps ln M_y), mass(P) = M_y Σ_i a_i
+    e^{(f_i − T̂_i)/eps}, and the gap is M_x M_y <a/Σa, expm1((f − T̂)/eps)>: every term keeps
+    its digits (docs/precision.md).
+    """
     X, Y = problem.X, problem.Y
-    mass = plan_mass(problem, f, g)
-    return _phi(X, f) + _phi(Y, g) - eps * (mass - X.mass * Y.mass)
+    unit = replace(Y, unit_mass=True, mass_of=None)
+    _, t_hat = backend.softmin(X, unit, g, eps, f, 0.0, 1.0, True, problem.precision)
+    mean = (X.w * torch.expm1((f - t_hat) / eps)).sum(-1) / X.mass
+    return X.nominal_mass * Y.nominal_mass * mean
 
 
 def _target(side: Side, pot: torch.Tensor) -> torch.Tensor:

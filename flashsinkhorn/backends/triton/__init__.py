@@ -22,8 +22,10 @@ class TritonBackend(Backend):
         self, X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, phase="cold"
     ):  # fmt: skip
         # TUNING.plan_step: symmetric steps from an iterate read both soft-mins off one plan
-        # sweep (plan.py); False: the two-sweep online-LSE step.
-        if phase != "cold" and TUNING.plan_step and plan.eligible(X, Y) and plan.preferred(X):
+        # sweep (plan.py); False: the two-sweep online-LSE step. At large eps the two-sweep
+        # step expands about the mean score (softmin.py), the plan sweep does not.
+        plan_ok = eps < X.large_eps and plan.eligible(X, Y) and plan.preferred(X)
+        if phase != "cold" and TUNING.plan_step and plan_ok:
             return plan.symmetric_step(
                 X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, phase
             )

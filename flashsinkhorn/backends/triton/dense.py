@@ -124,6 +124,10 @@ class DenseTritonBackend(TritonBackend):
         ):
             # K = X Yᵀ describes the problem this backend was built for, and no other
             raise RuntimeError("the dense-path backend was called with sides it was not built from")
+        if eps >= rows.large_eps:
+            # the expansion about the mean score lives in the streaming kernel only
+            return super().softmin(rows, cols, col_pot, eps, old, alpha, beta, want_raw,
+                                   precision)  # fmt: skip
         transposed = rows.x is not self._x
         K = self.gram
         B, n = rows.sq.shape

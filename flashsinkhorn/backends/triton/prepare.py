@@ -38,7 +38,7 @@ from .configs import PREPARE_BLOCK, PREPARE_BLOCK_P, prepare_block_d
 #: Precision codes of the side kernel: exact points, the float16 grid, float16 hi/lo parts.
 _PRECISIONS = {"ieee": 0, "tf32": 1, "tf32x3": 2}
 #: Values per problem in the statistics vector (see ``stats``; _prepare_reduce_kernel writes
-#: exactly these nine, in that order).
+#: exactly these ten, in that order).
 N_STATS = 10
 
 
@@ -163,8 +163,7 @@ def _prepare_reduce_kernel(
         b_hi1 = tl.max(b_hi, 0)
         b_dev = tl.maximum(b_hi1 - b_c, b_c - b_lo1)
         b_amax = tl.maximum(b_amax, tl.where(m_d, b_dev, 0.0))
-        b_ext = tl.where(m_d, b_hi1 - b_lo1, 0.0)
-        b_box += b_ext * b_ext
+        b_box += tl.where(m_d, (b_hi1 - b_lo1) * (b_hi1 - b_lo1), 0.0)
         # Non-finite extremes or centre: some point is NaN or inf. Tested explicitly, since
         # tl.maximum need not propagate a NaN.
         b_fin = (b_c == b_c) & (tl.abs(b_c) < float("inf")) & (b_lo1 > float("-inf"))
@@ -281,8 +280,7 @@ def stats(X: torch.Tensor, Y: torch.Tensor, a, b, outs: dict) -> tuple[torch.Ten
     Returns:
         ``(centre, stats)``: (B, d) float32 joint weighted mean, and (B, N_STATS) float32 rows
         (min a, max a, mass a, min b, max b, mass b, max |centred coordinate| (inf when a point
-        is NaN or inf), NaN count of a, NaN count of b, squared diagonal of the bounding box of
-        both clouds).
+        is NaN or inf), NaN count of a, NaN count of b, squared bounding-box diagonal).
     """
     B, n, d = X.shape
     m = Y.shape[1]

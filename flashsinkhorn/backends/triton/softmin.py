@@ -24,9 +24,11 @@ from .tiles import (
     SQEUCLIDEAN,
     col_bias,
     cost_scores,
+    expm1,
     label_rows,
     label_tile,
     load_parts,
+    log1p,
     online_lse,
     score_tile,
     softmin_epilogue,
@@ -46,16 +48,40 @@ SOFTMIN_DYNAMIC = [
 # group per line; the formatter would put one argument per line.
 # fmt: off
 @triton.jit
+def _large_epilogue(
+    b_max, b_sum, b_s1, b_tm, b_c1, Rsq, Rold, Out, Raw, Clogm, i_b64, o_vr, m_m,
+    eps, alpha, beta, WRITE_RAW: tl.constexpr, COST: tl.constexpr,
+):
+    # Large eps (docs/precision.md): T_i = row term − c_i − eps (ln M + log1p(Σ w̄_j
+    # expm1(t_ij))) where the row's scores spread by |t| <= 1; the online LSE elsewhere.
+    b_row = tl.zeros_like(b_c1)
+    if COST == SQEUCLIDEAN:
+        b_row = tl.load(Rsq + o_vr, mask=m_m, other=0.0)
+    b_plain = b_row - (eps * 0.6931471805599453) * (b_max + tl.log2(b_sum))
+    b_exp = b_row - b_c1 - eps * (tl.load(Clogm + i_b64) + log1p(b_s1))
+    b_t = tl.where(b_tm <= 1.0, b_exp, b_plain)
+    b_out = beta * b_t + alpha * tl.load(Rold + o_vr, mask=m_m, other=0.0)
+    tl.store(Out + o_vr, b_out, mask=m_m)
+    if WRITE_RAW:
+        tl.store(Raw + o_vr, b_t, mask=m_m)
+
+
+@triton.jit
 def _softmin_rows(
-    R, C, Rsq, Csq, Clogw, Cpot, Rold, Out, Raw, Pmax, Psum, Rlab, Clab, Lcost,
+    R, C, Rsq, Csq, Clogw, Cpot, Rold, Out, Raw, Pmax, Psum, Rlab, Clab, Lcost, Rc1, Cwn, Clogm,
     i_b, i_m, i_s,
     n_rows, n_cols, d, cols_per_split, n_split, n_lab,
     s_rb, s_rn, s_cb, s_cn, s_vrb, s_vcb, s_ps,
     eps, alpha, beta, dot_scale, sq_floor, lscale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     D_TILES: tl.constexpr, PRECISION: tl.constexpr, WRITE_RAW: tl.constexpr,
-    COST: tl.constexpr, LABELS: tl.constexpr, EVEN_D: tl.constexpr,
+    COST: tl.constexpr, LABELS: tl.constexpr, EVEN_D: tl.constexpr, LARGE: tl.constexpr,
 ):
+    # LARGE (eps >= Side.large_eps, never split): besides the online LSE, the sum
+    # Σ_j w̄_j expm1(t_ij) of the scores in cost units about the row shift c_i (Rc1), t =
+    # (v − c)/eps, with the normalised column weights w̄ (Cwn) and the largest |t|; the
+    # epilogue uses it where the row's |t| <= 1 (docs/precision.md). Never compiled in
+    # otherwise: the plain kernel's tile loop is unchanged.
     # Operands may be float16 points divided by a power of two: dot_scale = scale² restores
     # the dot product inside the score FMA.
     # Scores in base 2: z_ij = x_i·y_j · (2 log2e / eps) + h_j, with the column bias
@@ -86,6 +112,11 @@ def _softmin_rows(
     # [BLOCK_M] running base-2 max and sum
     b_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     b_sum = tl.zeros([BLOCK_M], tl.float32)
+    b_s1 = tl.zeros([BLOCK_M], tl.float32)
+    b_tm = tl.zeros([BLOCK_M], tl.float32)
+    b_c1 = b_s1
+    if LARGE:
+        b_c1 = tl.load(Rc1 + o_vr, mask=m_m, other=0.0)
     # With n_split > 1, this program sweeps one chunk of the columns (a multiple of BLOCK_N
     # wide) and leaves its partial (max, sum) for _lse_combine_kernel: more programs than row
     # blocks when n is too small to fill the GPU.
@@ -106,17 +137,36 @@ def _softmin_rows(
         if LABELS:
             b_lab = label_tile(Lcost, b_lr, b_w0, b_w1, Clab, o_vc, m_m, m_n, n_lab, lscale,
                                LABELS)
-        b_z, _ = cost_scores(
+        b_z, b_d = cost_scores(
             b_s, b_h, b_rsq, b_csq, b_lab, scale2, inv_eps2, dot_scale, sq_floor, COST, LABELS
         )
         b_new, b_alpha, b_ref = online_lse(b_max, b_sum, b_z)
         b_sum = b_sum * b_alpha + tl.sum(tl.exp2(b_z - b_ref[:, None]), 1)
         b_max = b_new
+        if LARGE:
+            # scores in cost units: 2 r·c + p − ‖c‖² (shifted), p − C otherwise, − labels
+            b_p = tl.load(Cpot + o_vc, mask=m_n, other=0.0)
+            if COST == SQEUCLIDEAN:
+                b_v = b_s * (2.0 * dot_scale) + (b_p - b_csq)[None, :]
+            else:
+                b_v = b_p[None, :] - b_d
+            if LABELS:
+                b_v = b_v - b_lab
+            b_t = (b_v - b_c1[:, None]) * (1.0 / eps)
+            b_wn = tl.load(Cwn + o_vc, mask=m_n, other=0.0)
+            b_live = b_wn[None, :] > 0.0
+            b_s1 += tl.sum(tl.where(b_live, b_wn[None, :] * expm1(b_t), 0.0), 1)
+            b_tm = tl.maximum(b_tm, tl.max(tl.where(b_live, tl.abs(b_t), 0.0), 1))
 
     # A run-time branch, not a constexpr: one compiled kernel serves every n and m.
     if n_split > 1:
         tl.store(Pmax + i_s * s_ps + o_vr, b_max, mask=m_m)
         tl.store(Psum + i_s * s_ps + o_vr, b_sum, mask=m_m)
+    elif LARGE:
+        _large_epilogue(
+            b_max, b_sum, b_s1, b_tm, b_c1, Rsq, Rold, Out, Raw, Clogm, i_b64, o_vr, m_m,
+            eps, alpha, beta, WRITE_RAW, COST,
+        )
     else:
         softmin_epilogue(
             b_max, b_sum, Rsq, Rold, Out, Raw, o_vr, m_m, eps, alpha, beta, WRITE_RAW, COST
@@ -125,35 +175,35 @@ def _softmin_rows(
 
 @triton.jit(do_not_specialize=SOFTMIN_DYNAMIC)
 def _softmin_fwd_kernel(
-    R, C, Rsq, Csq, Clogw, Cpot, Rold, Out, Raw, Pmax, Psum, Rlab, Clab, Lcost,
+    R, C, Rsq, Csq, Clogw, Cpot, Rold, Out, Raw, Pmax, Psum, Rlab, Clab, Lcost, Rc1, Cwn, Clogm,
     n_rows, n_cols, d, cols_per_split, n_split, n_lab,
     s_rb, s_rn, s_cb, s_cn, s_vrb, s_vcb, s_ps,
     eps, alpha, beta, dot_scale, sq_floor, lscale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     D_TILES: tl.constexpr, PRECISION: tl.constexpr, WRITE_RAW: tl.constexpr,
-    COST: tl.constexpr, LABELS: tl.constexpr, EVEN_D: tl.constexpr,
+    COST: tl.constexpr, LABELS: tl.constexpr, EVEN_D: tl.constexpr, LARGE: tl.constexpr,
 ):
     # grid (row blocks, B, column chunks)
     _softmin_rows(
-        R, C, Rsq, Csq, Clogw, Cpot, Rold, Out, Raw, Pmax, Psum, Rlab, Clab, Lcost,
+        R, C, Rsq, Csq, Clogw, Cpot, Rold, Out, Raw, Pmax, Psum, Rlab, Clab, Lcost, Rc1, Cwn, Clogm,
         tl.program_id(1), tl.program_id(0), tl.program_id(2),
         n_rows, n_cols, d, cols_per_split, n_split, n_lab,
         s_rb, s_rn, s_cb, s_cn, s_vrb, s_vcb, s_ps,
         eps, alpha, beta, dot_scale, sq_floor, lscale,
-        BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, WRITE_RAW, COST, LABELS, EVEN_D,
+        BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, WRITE_RAW, COST, LABELS, EVEN_D, LARGE,
     )
 
 
 @triton.jit(do_not_specialize=SOFTMIN_DYNAMIC + ["guarded"])
 def _softmin_sym_kernel(
     X, Y, Xsq, Ysq, Xlogw, Ylogw, F, G, Fout, Gout, Fraw, Graw, PFmax, PFsum, PGmax, PGsum,
-    Xlab, Ylab, XLc, YLc, Guard, guarded,
+    Xlab, Ylab, XLc, YLc, Xc1, Yc1, Xwn, Ywn, Xlogm, Ylogm, Guard, guarded,
     n_x, n_y, d, n_blocks_x, cols_per_split_x, cols_per_split_y, n_split, n_lab,
     s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_pfs, s_pgs,
     eps, alpha, beta_x, beta_y, dot_scale, sq_floor, lscale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     D_TILES: tl.constexpr, PRECISION: tl.constexpr, WRITE_RAW: tl.constexpr,
-    COST: tl.constexpr, LABELS: tl.constexpr, EVEN_D: tl.constexpr,
+    COST: tl.constexpr, LABELS: tl.constexpr, EVEN_D: tl.constexpr, LARGE: tl.constexpr,
 ):
     # One launch for both half-steps of a symmetric iteration: the first n_blocks_x programs
     # update f from the old g, the rest update g from the old f. guarded != 0: the fallback of
@@ -170,20 +220,22 @@ def _softmin_sym_kernel(
     elif i_m < n_blocks_x:
         _softmin_rows(
             X, Y, Xsq, Ysq, Ylogw, G, F, Fout, Fraw, PFmax, PFsum, Xlab, Ylab, XLc,
+            Xc1, Ywn, Ylogm,
             i_b, i_m, i_s,
             n_x, n_y, d, cols_per_split_x, n_split, n_lab,
             s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_pfs,
             eps, alpha, beta_x, dot_scale, sq_floor, lscale,
-            BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, WRITE_RAW, COST, LABELS, EVEN_D,
+            BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, WRITE_RAW, COST, LABELS, EVEN_D, LARGE,
         )
     else:
         _softmin_rows(
             Y, X, Ysq, Xsq, Xlogw, F, G, Gout, Graw, PGmax, PGsum, Ylab, Xlab, YLc,
+            Yc1, Xwn, Xlogm,
             i_b, i_m - n_blocks_x, i_s,
             n_y, n_x, d, cols_per_split_y, n_split, n_lab,
             s_yb, s_yn, s_xb, s_xn, s_gb, s_fb, s_pgs,
             eps, alpha, beta_y, dot_scale, sq_floor, lscale,
-            BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, WRITE_RAW, COST, LABELS, EVEN_D,
+            BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, WRITE_RAW, COST, LABELS, EVEN_D, LARGE,
         )
 
 
@@ -266,6 +318,30 @@ def partials(split: int, like: torch.Tensor):
     )
 
 
+def expansion_args(rows: Side, cols: Side, col_pot: torch.Tensor):
+    """``(c, w̄, ln M)`` of the large-eps soft-min (``_softmin_rows`` with LARGE): (B, n) row
+    shifts c_i near the weighted mean of the row's scores in cost units, (B, m) normalised
+    column weights and (B,) the log of the columns' nominal mass (``Side.nominal_mass``).
+
+    Any shift gives the same soft-min; this one keeps |t| = |v − c|/eps within the scores'
+    spread: 2 r_i·ȳ + mean(p − ‖c‖²) for the squared Euclidean cost (the mean itself), mean(p)
+    − ‖r_i − ȳ‖ for the others, the label term left out.
+    """
+    w = cols.w.float()
+    live = w > 0
+    wn = w / w.sum(-1, keepdim=True)
+    pot = torch.where(live, col_pot.float(), 0.0)
+    ybar = torch.einsum("bm,bmd->bd", wn, cols.x.float())
+    xr = rows.x.float()
+    if kernel_costs.shifted(rows.cost):
+        col = (wn * (pot - cols.sq.float())).sum(-1)
+        c = 2.0 * torch.einsum("bnd,bd->bn", xr, ybar) + col[:, None]
+    else:
+        c = (wn * pot).sum(-1)[:, None] - (xr - ybar[:, None, :]).norm(dim=-1)
+    logm = torch.log(cols.nominal_mass.float())
+    return c.contiguous(), wn.contiguous(), logm.contiguous()
+
+
 def softmin(
     rows: Side,
     cols: Side,
@@ -285,19 +361,22 @@ def softmin(
     out = torch.empty_like(rows.sq)
     raw = torch.empty_like(rows.sq) if want_raw else out
     n_blocks = cdiv(n, cfg.block_m)
-    split, cps = plan_split(n_blocks * B, m, cfg.block_n, rows.x.device)
+    large = eps >= rows.large_eps
+    # The large-eps sums are not merged across column chunks: one sweep per row block.
+    split, cps = (1, m) if large else plan_split(n_blocks * B, m, cfg.block_n, rows.x.device)
     pmax, psum = partials(split, rows.sq)
     cost, labels, rlab, clab, lcost, n_lab, lscale = cost_args(rows, cols)
+    c1, wn, logm = expansion_args(rows, cols, col_pot) if large else (out, out, out)
     _softmin_fwd_kernel[(n_blocks, B, split)](
         xr, xc, rows.sq, cols.sq, cols.logw, col_pot, old, out, raw, pmax, psum,
-        rlab, clab, lcost,
+        rlab, clab, lcost, c1, wn, logm,
         n, m, d, cps, split, n_lab,
         xr.stride(0), xr.stride(1), xc.stride(0), xc.stride(1),
         rows.sq.stride(0), cols.sq.stride(0), B * n,
         float(eps), float(alpha), float(beta), float(dot_scale), float(cols.sq_floor), lscale,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
         PRECISION=precision, WRITE_RAW=want_raw, COST=cost, LABELS=labels,
-        EVEN_D=d == cfg.block_d and cfg.d_tiles == 1,
+        EVEN_D=d == cfg.block_d and cfg.d_tiles == 1, LARGE=large,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **FP_FUSION,
     )  # fmt: skip
     if split > 1:
@@ -336,16 +415,27 @@ def symmetric_step(
     guard = f if guard is None else guard
     n_blocks_x = cdiv(n, cfg.block_m)
     n_blocks = n_blocks_x + cdiv(m, cfg.block_m)
-    split = split_count(n_blocks * B, min(n, m), cfg.block_n, X.x.device)
-    cps_x, cps_y = chunk(m, split, cfg.block_n), chunk(n, split, cfg.block_n)
-    split = max(cdiv(m, cps_x), cdiv(n, cps_y))
+    large = eps >= X.large_eps
+    if large:
+        # the large-eps sums are not merged across column chunks (softmin above)
+        split, cps_x, cps_y = 1, m, n
+    else:
+        split = split_count(n_blocks * B, min(n, m), cfg.block_n, X.x.device)
+        cps_x, cps_y = chunk(m, split, cfg.block_n), chunk(n, split, cfg.block_n)
+        split = max(cdiv(m, cps_x), cdiv(n, cps_y))
     pfmax, pfsum = partials(split, f)
     pgmax, pgsum = partials(split, g)
     cost, labels, xlab, ylab, xlc, n_lab, lscale = cost_args(X, Y)
     ylc = cost_args(Y, X)[4] if labels else xlc
+    if large:
+        xc1, ywn, ylogm = expansion_args(X, Y, g)
+        yc1, xwn, xlogm = expansion_args(Y, X, f)
+    else:
+        xc1 = yc1 = xwn = ywn = xlogm = ylogm = f
     launch(_softmin_sym_kernel, (n_blocks, B, split),
         xx, xy, X.sq, Y.sq, X.logw, Y.logw, f, g, f_new, g_new, f_raw, g_raw,
-        pfmax, pfsum, pgmax, pgsum, xlab, ylab, xlc, ylc, guard, guarded,
+        pfmax, pfsum, pgmax, pgsum, xlab, ylab, xlc, ylc,
+        xc1, yc1, xwn, ywn, xlogm, ylogm, guard, guarded,
         n, m, d, n_blocks_x, cps_x, cps_y, split, n_lab,
         xx.stride(0), xx.stride(1), xy.stride(0), xy.stride(1), f.stride(0), g.stride(0),
         B * n, B * m,
@@ -353,7 +443,7 @@ def symmetric_step(
         float(X.sq_floor), lscale,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
         PRECISION=precision, WRITE_RAW=want_raw, COST=cost, LABELS=labels,
-        EVEN_D=d == cfg.block_d and cfg.d_tiles == 1,
+        EVEN_D=d == cfg.block_d and cfg.d_tiles == 1, LARGE=large,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **FP_FUSION,
     )  # fmt: skip
     if split > 1:

@@ -16,8 +16,10 @@ value. Then, per ``mode``:
 * ``MODE_ZERO``: −Ĉ + c, the mean cost Ĉ = s1x/s0x + s1y/s0y − 2 x̄·ȳ (p = the squared norms,
   x̄, ȳ the weighted means of the centred points; ``tiles.mean_cost`` of it for other costs);
 * ``MODE_SECOND``: k (s1x/s0x + s1y/s0y) + c (p = the potentials);
-* ``MODE_VALUE``: φx + φy − eps (mass(P) − s0x s0y) with φ = s1 for a hard marginal and
-  rho s3 for a KL one, and mass(P) = s0 of a hard side, else (s2x + s2y) / 2.
+* ``MODE_VALUE``: φx + φy − eps (mass(P) − M_x M_y) with φ = M s1/s0 for a hard marginal
+  and rho M s3/s0 for a KL one, and mass(P) = M of a hard side, else the mean of
+  M (1 − s3/s0) over the sides; M is the side's nominal mass (``Side.nominal_mass``, the one
+  in the soft-mins); mass(P) − M_x M_y is summed from s3 and 1 − M without cancellation.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ def _side_sums(W, P, i_b64, n, s_wb, s_pb, inv_rho, KL, BLOCK: tl.constexpr):
 @triton.jit(do_not_specialize=["n", "m", "d", "s_wxb", "s_pxb", "s_wyb", "s_pyb", "mode", "kl_x",
                                "kl_y", "cost"])  # fmt: skip
 def _solve_scalar_kernel(
-    Wx, Px, Wy, Py, Mx, My, Out, n, m, d, s_wxb, s_pxb, s_wyb, s_pyb,
+    Wx, Px, Wy, Py, Mx, My, NMx, NMy, Out, n, m, d, s_wxb, s_pxb, s_wyb, s_pyb,
     mode, kl_x, kl_y, inv_rho_x, inv_rho_y, rho_x, rho_y, cost, k, c, eps,
     BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
@@ -100,21 +102,31 @@ def _solve_scalar_kernel(
     elif mode == 1:
         out = k * (s1x / s0x + s1y / s0y) + c
     else:
-        phi_x = tl.where(kl_x != 0, rho_x * s3x, s1x)
-        phi_y = tl.where(kl_y != 0, rho_y * s3y, s1y)
-        mass = tl.where(kl_x == 0, s0x, tl.where(kl_y == 0, s0y, 0.5 * (s2x + s2y)))
-        out = phi_x + phi_y - eps * (mass - s0x * s0y)
+        # mass(P) − M_x M_y is formed without cancellation: eps multiplies it (objective.py).
+        # Every side sum is taken with the weights scaled to the nominal mass M (NMx, NMy:
+        # Side.nominal_mass, the one in the soft-mins), M s/s0, so that eps ln M in the
+        # potentials meets the same M in the mass term.
+        nmx = tl.load(NMx + i_b64)
+        nmy = tl.load(NMy + i_b64)
+        phi_x = tl.where(kl_x != 0, rho_x * nmx * (s3x / s0x), nmx * (s1x / s0x))
+        phi_y = tl.where(kl_y != 0, rho_y * nmy * (s3y / s0y), nmy * (s1y / s0y))
+        gap_kl = 0.5 * (nmx * (1.0 - nmy) + nmy * (1.0 - nmx) - nmx * (s3x / s0x)
+                        - nmy * (s3y / s0y))  # fmt: skip
+        gap = tl.where(kl_x == 0, nmx * (1.0 - nmy), tl.where(kl_y == 0, nmy * (1.0 - nmx), gap_kl))
+        out = phi_x + phi_y - eps * gap
     tl.store(Out + i_b64, out)
 
 
-def _launch(mode: int, X: Side, Y: Side, px, py, *, k=0.0, c=0.0, eps=0.0, means=None):
+def _launch(mode: int, X: Side, Y: Side, px, py, *, k=0.0, c=0.0, eps=0.0, means=None,
+            masses=None):  # fmt: skip
     B = X.w.shape[0]
     out = torch.empty(B, dtype=torch.float32, device=X.w.device)
     mx, my = means if means is not None else (out, out)
+    nmx, nmy = masses if masses is not None else (out, out)
     px, py = px.contiguous(), py.contiguous()
     kl_x, kl_y = X.rho is not None, Y.rho is not None
     launch(_solve_scalar_kernel, (B,),
-        X.w, px, Y.w, py, mx, my, out, X.w.shape[1], Y.w.shape[1], mx.shape[-1],
+        X.w, px, Y.w, py, mx, my, nmx, nmy, out, X.w.shape[1], Y.w.shape[1], mx.shape[-1],
         X.w.stride(0), px.stride(0), Y.w.stride(0), py.stride(0),
         mode, int(kl_x), int(kl_y), 1.0 / X.rho if kl_x else 0.0, 1.0 / Y.rho if kl_y else 0.0,
         float(X.rho or 0.0), float(Y.rho or 0.0), cost_id(X.cost), float(k),
@@ -137,4 +149,6 @@ def second_shift(X: Side, Y: Side, f, g, k: float, c: float) -> torch.Tensor:
 
 def dual_value(problem: Problem, f: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
     """(B,) float32 OT_eps of the potentials from the dual (solvers/objective.dual_value)."""
-    return _launch(MODE_VALUE, problem.X, problem.Y, f, g, eps=eps)
+    X, Y = problem.X, problem.Y
+    masses = (X.nominal_mass.float().contiguous(), Y.nominal_mass.float().contiguous())
+    return _launch(MODE_VALUE, X, Y, f, g, eps=eps, masses=masses)

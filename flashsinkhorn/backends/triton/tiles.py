@@ -197,6 +197,35 @@ def online_lse(b_max, b_sum, b_z):
 
 
 @triton.jit
+def expm1(t):
+    # e^t − 1 to a few ulps: Taylor (Horner, degree 8; the first dropped term is below 1e-10
+    # relative for |t| < 1/4) near 0, where exp(t) − 1 would keep only u/|t| of the result.
+    b_q = 1.0 + t * (1.0 / 8.0)
+    b_q = 1.0 + t * (1.0 / 7.0) * b_q
+    b_q = 1.0 + t * (1.0 / 6.0) * b_q
+    b_q = 1.0 + t * (1.0 / 5.0) * b_q
+    b_q = 1.0 + t * (1.0 / 4.0) * b_q
+    b_q = 1.0 + t * (1.0 / 3.0) * b_q
+    b_q = 1.0 + t * 0.5 * b_q
+    return tl.where(tl.abs(t) < 0.25, t * b_q, tl.exp(t) - 1.0)
+
+
+@triton.jit
+def log1p(s):
+    # ln(1 + s) to a few ulps: its series (degree 9, alternating; the first dropped term is
+    # below 1e-9 relative for |s| < 1/8) near 0, the direct form elsewhere.
+    b_q = 1.0 - s * (8.0 / 9.0)
+    b_q = 1.0 - s * (7.0 / 8.0) * b_q
+    b_q = 1.0 - s * (6.0 / 7.0) * b_q
+    b_q = 1.0 - s * (5.0 / 6.0) * b_q
+    b_q = 1.0 - s * (4.0 / 5.0) * b_q
+    b_q = 1.0 - s * (3.0 / 4.0) * b_q
+    b_q = 1.0 - s * (2.0 / 3.0) * b_q
+    b_q = 1.0 - s * 0.5 * b_q
+    return tl.where(tl.abs(s) < 0.125, s * b_q, tl.log(1.0 + s))
+
+
+@triton.jit
 def softmin_epilogue(
     b_max, b_sum, Rsq, Rold, Out, Raw, o_vr, m_m, eps, alpha, beta, WRITE_RAW: tl.constexpr,
     COST: tl.constexpr,
