@@ -98,7 +98,11 @@ def _label_max(problem: Problem) -> float:
 def cost_range(problem: Problem) -> float:
     """The range of the cost that eps is compared with: diameter^p (p = 2 for the squared
     Euclidean cost, 1 for the euclidean one; diameter the bounding-box diagonal of the points
-    of both clouds that carry mass) plus the largest label cost."""
+    of both clouds that carry mass) plus the largest label cost; for a given cost matrix
+    (``flashsinkhorn.solve``), the spread max C − min C of its entries."""
+    if problem.cost == "matrix":
+        C = problem.X.x  # the rows of C (backends/matrix.py)
+        return float(C.amax() - C.amin())
     box2 = _scales(problem)[0]
     power = kernel_costs.power(problem.cost)
     return (box2 if power == 2 else math.sqrt(max(box2, 0.0))) + _label_max(problem)

@@ -55,6 +55,7 @@ class SinkhornDivergence(torch.nn.Module):
         V.check_divergence_rho(opts.rho_x, opts.rho_y)
         self.options = options
 
+    @entry_point
     def forward(
         self,
         x: torch.Tensor,

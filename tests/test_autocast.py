@@ -16,7 +16,7 @@ CALLS = {
     "ot_cost": lambda x, y: fs.ot_cost(x, y, eps=0.1),
     "sinkhorn_divergence": lambda x, y: fs.sinkhorn_divergence(x, y, eps=0.1, scaling=0.7),
     "SamplesLoss": lambda x, y: fs.SamplesLoss(blur=0.3)(x, y),
-    "SinkhornDivergence": lambda x, y: fs.SinkhornDivergence(eps=0.1, rho_y=1.0)(x, y),
+    "SinkhornDivergence": lambda x, y: fs.SinkhornDivergence(eps=0.1, rho_x=1.0, rho_y=1.0)(x, y),
     # (elementwise ops: autocast leaves them in the inputs' dtype)
     "solve": lambda x, y: fs.solve(((x[:, :, None] - y[:, None]) ** 2).sum(-1), eps=0.1).value,
 }

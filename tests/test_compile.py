@@ -18,7 +18,7 @@ F64 = torch.float64
 
 LOSSES = {
     "ot_cost": lambda z, y: fs.ot_cost(z, y, eps=0.1),
-    "sinkhorn_divergence": lambda z, y: fs.sinkhorn_divergence(z, y, eps=0.1, rho_x=2.0),
+    "sinkhorn_divergence": lambda z, y: fs.sinkhorn_divergence(z, y, eps=0.1, rho_x=2.0, rho_y=2.0),
     "SinkhornDivergence": fs.SinkhornDivergence(eps=0.1, scaling=0.7),
     "SamplesLoss": fs.SamplesLoss(blur=0.3, scaling=0.7),
     # solve() of the squared distances, differentiable through C to z

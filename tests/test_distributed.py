@@ -175,9 +175,13 @@ def _checks(world):
         checks[f"grad_{mode}"] = dict(
             fn=_grad_check, seed=6, eps=0.4, tol=1e-6, mode=mode, schedule="alternating"
         )
+        # The single process solves the self terms as one-potential problems (tested every 3
+        # iterations), the sharded loss as two-potential ones: compare converged solutions,
+        # with the symmetric schedule, on which the sharded self terms converge (the
+        # alternating one crawls on a symmetric problem).
         checks[f"grad_divergence_{mode}"] = dict(
-            fn=_grad_check, seed=7, eps=0.4, tol=1e-6, mode=mode, loss="sinkhorn_divergence",
-            scaling=0.7,
+            fn=_grad_check, seed=7, eps=0.4, tol=1e-11, mode=mode, loss="sinkhorn_divergence",
+            scaling=0.7, schedule="symmetric", acceleration="none",
         )  # fmt: skip
     checks["semi_unbalanced_uniform_ring"] = dict(
         fn=_solve_check, seed=4, weighted=False, eps=0.2, tol=None, n_iters=40, mode="ring",
@@ -191,7 +195,7 @@ def _checks(world):
         fn=_grad_check, seed=8, eps=0.3, tol=1e-6, mode="ring", unbalanced=True
     )
     checks["grad_divergence_unbalanced_gather"] = dict(
-        fn=_grad_check, seed=9, eps=0.3, tol=1e-6, mode="gather", unbalanced=True,
+        fn=_grad_check, seed=9, eps=0.3, tol=1e-11, mode="gather", unbalanced=True,
         loss="sinkhorn_divergence",
     )  # fmt: skip
     checks["bad_inputs"] = dict(fn=_bad_inputs)

@@ -16,6 +16,9 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("wrt", ["x", "y"])
+# The float32 solves run their 1000 iterations near their rounding floor, above tol = 1e-5,
+# as the float64 reference does not: the test compares the HVP kernels at those plans.
+@pytest.mark.filterwarnings("ignore::flashsinkhorn.ConvergenceWarning")
 def test_triton_hvp_matches_float64_torch(wrt):
     x, y, a, b = problem(1537, 1023, 17, seed=0, dtype=torch.float32)
     own = x if wrt == "x" else y

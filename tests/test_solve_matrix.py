@@ -396,3 +396,16 @@ def test_cuda_matches_cpu_float64():
     torch.testing.assert_close(res.value.double().cpu(), ref.value, rtol=1e-5, atol=0)
     res.value.sum().backward()
     torch.testing.assert_close(Cg.grad.double().cpu(), ref.plan(), rtol=0, atol=1e-4 / 300)
+
+
+def test_float32_plan_outputs_of_a_rectangular_matrix():
+    # The float32 plan floor reads the spread of C (a matrix problem has no points whose
+    # bounding box it could take; rows and columns of C have different lengths).
+    g = torch.Generator().manual_seed(2)
+    C = torch.rand(2, 30, 20, generator=g).requires_grad_()
+    res = fs.solve(C, eps=0.05, tol=1e-4)
+    res.value.sum().backward()
+    torch.testing.assert_close(C.grad, res.plan(), rtol=0, atol=1e-7)
+    tiny = fs.solve(C.detach(), eps=1e-7, tol=None, n_iters=5)
+    with pytest.raises(ValueError, match="too small for plan"):
+        tiny.plan()

@@ -22,6 +22,8 @@ __all__ = ["sinkhorn_knopp", "VARIANTS", "MAX_TRITON_N"]
 VARIANTS = ("log", "deepseek")
 BACKENDS = ("auto", "triton", "torch")
 MAX_TRITON_N = 32
+#: Read once: torch.compile cannot trace importlib's lookup (fullgraph would refuse the call).
+_HAS_TRITON = triton_available()
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -96,7 +98,7 @@ _sk_op.register_autograd(_backward, setup_context=_setup_context)
 def check_triton_device(name: str, x: torch.Tensor) -> None:
     """``backend="triton"`` needs the triton package and CUDA tensors (CPU tensors under the
     interpreter), as in the OT API (``flashsinkhorn.backends.resolve_backend``)."""
-    if not triton_available():
+    if not _HAS_TRITON:
         raise ValueError("backend='triton' needs the triton package; use backend='torch'")
     interpreting = os.environ.get("TRITON_INTERPRET", "0") == "1"
     if not (x.is_cuda or (x.device.type == "cpu" and interpreting)):
@@ -111,7 +113,7 @@ def resolve_backend(x: torch.Tensor, backend: str) -> str:
     n = x.shape[-1]
     if backend == "auto":
         ok = x.is_cuda and n <= MAX_TRITON_N and x.dtype in _TRITON_DTYPES
-        return "triton" if ok and triton_available() else "torch"
+        return "triton" if ok and _HAS_TRITON else "torch"
     if backend == "triton":
         if n > MAX_TRITON_N:
             raise ValueError(
