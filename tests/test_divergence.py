@@ -29,6 +29,11 @@ def _inputs(B, n, m, d=3, seed=0, dtype=F64, grad=True):
     return [t.requires_grad_(grad) for t in _clouds(n, m, d, B, seed, dtype)]
 
 
+def _on(device, tensors):
+    """The tensors on ``device`` (CUDA where present, else the CPU under the interpreter)."""
+    return [t.detach().to(device).requires_grad_() for t in tensors]
+
+
 def _three_solves(x, y, a, b, **kw):
     s = fs.ot_cost(x, y, a, b, **kw) - 0.5 * (
         fs.ot_cost(x, x, a, a, **kw) + fs.ot_cost(y, y, b, b, **kw)
@@ -155,8 +160,8 @@ def test_double_backward_matches_three_solves(n, m):
 
 
 @pytest.mark.parametrize(("B", "n", "m"), [(None, 37, 37), (2, 37, 29)])
-def test_triton_kernels_match_the_torch_backend(B, n, m):
-    x, y, a, b = _inputs(B, n, m, d=5, seed=3, dtype=torch.float32)
+def test_triton_kernels_match_the_torch_backend(B, n, m, device):
+    x, y, a, b = _on(device, _inputs(B, n, m, d=5, seed=3, dtype=torch.float32))
     kw = dict(eps=0.1, tol=None, n_iters=9, scaling=None, precision="ieee")
     got = fs.sinkhorn_divergence(x, y, a, b, backend="triton", **kw)
     ref = fs.sinkhorn_divergence(x, y, a, b, backend="torch", **kw)
@@ -185,12 +190,12 @@ def test_self_terms_test_every_three_iterations(rho):
 
 
 @pytest.mark.parametrize(("n", "m"), [(21, 21), (21, 14)])
-def test_dense_path_self_terms_have_their_own_gram_matrix(n, m):
+def test_dense_path_self_terms_have_their_own_gram_matrix(n, m, device):
     # The dense path (taken from d = 256 on) stores K = X Yᵀ of one problem: each self term
     # needs its own.
     from flashsinkhorn.backends.triton.configs import DENSE_MIN_D
 
-    x, y, a, b = _inputs(None, n, m, d=DENSE_MIN_D + 1, seed=4, dtype=torch.float32)
+    x, y, a, b = _on(device, _inputs(None, n, m, d=DENSE_MIN_D + 1, seed=4, dtype=torch.float32))
     kw = dict(eps=20.0, tol=None, n_iters=6, scaling=None, precision="ieee")
     got = fs.sinkhorn_divergence(x, y, a, b, backend="triton", **kw)
     ref = fs.sinkhorn_divergence(x, y, a, b, backend="torch", **kw)

@@ -15,7 +15,10 @@ _TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 def triton_available() -> bool:
     """True when the triton package can be imported."""
-    return importlib.util.find_spec("triton") is not None
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):  # a finder that refuses it, a broken install
+        return False
 
 
 def _interpreting() -> bool:
