@@ -20,19 +20,21 @@ PRECISIONS = ("auto", "ieee", "tf32", "tf32x3")
 PATHS = ("auto", "streaming", "dense")
 
 
-def check_points(name: str, x: object) -> torch.Tensor:
-    """Checks that ``x`` is a non-empty real floating tensor of shape (n, d) or (B, n, d)."""
+def _check_array(name: str, x: object, lead: str, tail: str) -> torch.Tensor:
+    """A non-empty real floating tensor of shape (lead, tail) or (B, lead, tail) with data."""
+    shapes = f"({lead}, {tail}) or (B, {lead}, {tail})"
     if not isinstance(x, torch.Tensor):
-        raise TypeError(
-            f"{name} must be a torch.Tensor of shape (n, d) or (B, n, d), got {type(x)}"
-        )
+        raise TypeError(f"{name} must be a torch.Tensor of shape {shapes}, got {type(x).__name__}")
     if x.is_complex() or not x.is_floating_point():
         raise TypeError(
             f"{name} must have a real floating dtype (float16, bfloat16, float32, float64), "
             f"got {x.dtype}"
         )
     if x.dim() not in (2, 3):
-        raise ValueError(f"{name} must be 2-D (n, d) or 3-D (B, n, d), got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{name} must be 2-D ({lead}, {tail}) or 3-D (B, {lead}, {tail}), got shape "
+            f"{tuple(x.shape)}"
+        )
     if any(s == 0 for s in x.shape):
         raise ValueError(f"{name} must not be empty, got shape {tuple(x.shape)}")
     if x.device.type == "meta":
@@ -41,6 +43,11 @@ def check_points(name: str, x: object) -> torch.Tensor:
             "pass a tensor on the CPU or a CUDA device"
         )
     return x
+
+
+def check_points(name: str, x: object) -> torch.Tensor:
+    """Checks that ``x`` is a non-empty real floating tensor of shape (n, d) or (B, n, d)."""
+    return _check_array(name, x, "n", "d")
 
 
 def check_pair(x: torch.Tensor, y: torch.Tensor) -> None:
@@ -231,20 +238,7 @@ def check_cost_matrix(name: str, C: object) -> torch.Tensor:
 
     Its values (NaN/inf) are checked later, with the weights', in one device synchronisation.
     """
-    if not isinstance(C, torch.Tensor):
-        raise TypeError(
-            f"{name} must be a torch.Tensor of shape (n, m) or (B, n, m), got {type(C).__name__}"
-        )
-    if C.is_complex() or not C.is_floating_point():
-        raise TypeError(
-            f"{name} must have a real floating dtype (float16, bfloat16, float32, float64), "
-            f"got {C.dtype}"
-        )
-    if C.dim() not in (2, 3):
-        raise ValueError(f"{name} must be 2-D (n, m) or 3-D (B, n, m), got shape {tuple(C.shape)}")
-    if any(s == 0 for s in C.shape):
-        raise ValueError(f"{name} must not be empty, got shape {tuple(C.shape)}")
-    return C
+    return _check_array(name, C, "n", "m")
 
 
 def check_matrix_weights(name: str, w: object, C: torch.Tensor, dim: int) -> torch.Tensor | None:

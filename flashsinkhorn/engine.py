@@ -197,9 +197,7 @@ def solve_matrix(
         # squared distances of two clouds it is sinkhorn()'s ladder from their largest distance.
         diameter = None if scale is None else math.sqrt(scale)
         eps_list = eps_schedule(opts.eps, opts.scaling, diameter)
-        state = solve(problem, impl, eps_list, opts)
-        value = dual_value(problem, state.f, state.g, state.eps, impl)
-    return _result(problem, impl, state, value, opts)
+        return _solve(problem, impl, eps_list, opts)
 
 
 def _result(problem, impl, state: SolveState, value, opts: SinkhornOptions) -> SinkhornResult:

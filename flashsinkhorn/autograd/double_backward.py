@@ -34,6 +34,17 @@ def hvp_settings(options: HVPOptions | dict | None) -> dict:
             "check_every": o.cg_check_every}  # fmt: skip
 
 
+def grad_out_cotangent(Gx, Gy, Vx, Vy, go, shape) -> torch.Tensor:
+    """The backward of ``grad_out`` through the scaled envelope gradients go · G: Σ ⟨G, V⟩
+    per problem, in the shape of ``grad_out``."""
+    acc = torch.zeros_like(go)
+    if Vx is not None and Gx is not None:
+        acc = acc + (Gx * Vx).sum((1, 2))
+    if Vy is not None and Gy is not None:
+        acc = acc + (Gy * Vy).sum((1, 2))
+    return acc.reshape(shape)
+
+
 class EnvelopeGrad(torch.autograd.Function):
     """``apply(x, y, a, b, grad_out, res, need_x, need_y, options) -> (gx, gy)``.
 
@@ -89,12 +100,7 @@ class EnvelopeGrad(torch.autograd.Function):
             hx = None if Hx is None else problem.unbatch(Hx).to(ctx.dtypes[0])
             hy = None if Hy is None else problem.unbatch(Hy).to(ctx.dtypes[1])
         if need[4]:
-            acc = torch.zeros_like(go)
-            if Vx is not None and ctx.Gx is not None:
-                acc = acc + (ctx.Gx * Vx).sum((1, 2))
-            if Vy is not None and ctx.Gy is not None:
-                acc = acc + (ctx.Gy * Vy).sum((1, 2))
-            ggo = acc.reshape(ctx.go_shape)
+            ggo = grad_out_cotangent(ctx.Gx, ctx.Gy, Vx, Vy, go, ctx.go_shape)
         # A third derivative would need the derivative of the HVP itself: refuse it loudly.
         hx, hy = guard_second_order((hx, hy), (vx, vy))
         return hx, hy, None, None, ggo, None, None, None, None

@@ -37,7 +37,7 @@ from ..problem import Problem, prepare, stack_sides, stackable
 from ..result import Solution
 from ..solvers import estimate_diameter, geometric_ladder, solve
 from ..solvers.annealing import ladder_cap
-from .double_backward import WEIGHT_MESSAGE, hvp_settings
+from .double_backward import WEIGHT_MESSAGE, grad_out_cotangent, hvp_settings
 from .guard import guard_second_order
 
 
@@ -339,12 +339,7 @@ class _SamplesPointsGrad(torch.autograd.Function):
         if need[1] and Hy is not None:
             hy = problem.unbatch(Hy / k).to(ctx.dtypes[1])
         if need[4]:
-            acc = torch.zeros_like(go)
-            if Vx is not None and ctx.Gx is not None:
-                acc = acc + (ctx.Gx * Vx).sum((1, 2))
-            if Vy is not None and ctx.Gy is not None:
-                acc = acc + (ctx.Gy * Vy).sum((1, 2))
-            ggo = acc.reshape(ctx.go_shape)
+            ggo = grad_out_cotangent(ctx.Gx, ctx.Gy, Vx, Vy, go, ctx.go_shape)
         # A third derivative would need the derivative of the HVP itself: refuse it loudly.
         hx, hy = guard_second_order((hx, hy), (vx, vy))
         return hx, hy, None, None, ggo, None, None, None

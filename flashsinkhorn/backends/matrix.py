@@ -22,6 +22,7 @@ import torch
 
 from .. import _validation as V
 from ..problem import Checks, Problem, Side, check_values
+from . import torch_ref
 from .base import Backend
 from .torch_ref import CHUNK_ELEMENTS, row_chunks
 
@@ -107,6 +108,15 @@ def log_plan(rows: Side, cols: Side, row_pot, col_pot, eps: float, sl=slice(None
     return z + (row_pot[:, sl] / eps + rows.logw[:, sl])[:, :, None]
 
 
+def _row_softmax(rows: Side, cols: Side, row_pot, col_pot, eps: float, sl: slice):
+    """((B, r, m) row softmax of the plan, (B, r) row marginal) of a block of rows of C."""
+    lp = log_plan(rows, cols, row_pot, col_pot, eps, sl)
+    lse = torch.logsumexp(lp, dim=2, keepdim=True)
+    # A row of zero weight has lse = -inf: shift it by 0 (its mass is 0 either way).
+    soft = torch.exp(lp - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse)))
+    return soft, torch.exp(lse[..., 0])
+
+
 class MatrixBackend(Backend):
     """Soft-mins and transports that read a given cost matrix, in row blocks of bounded size."""
 
@@ -127,24 +137,8 @@ class MatrixBackend(Backend):
         return out, (T if want_raw else None)
 
     def transport(self, rows, cols, row_pot, col_pot, eps, V, A, Bw, precision):
-        B, n, m = rows.x.shape
-        dtype = rows.sq.dtype
-        marg = torch.empty_like(rows.sq)
-        out = None if V is None else rows.sq.new_empty((B, n, V.shape[2]))
-        Vd = None if V is None else V.to(dtype)
-        for sl in row_chunks(B, n, m, self.chunk_elements):
-            # Each row block as a softmax times its mass: no overflow far from a fixed point.
-            lp = log_plan(rows, cols, row_pot, col_pot, eps, sl)
-            lse = torch.logsumexp(lp, dim=2, keepdim=True)
-            # A row of zero weight has lse = -inf: shift it by 0 (its mass is 0 either way).
-            soft = torch.exp(lp - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse)))
-            marg[:, sl] = torch.exp(lse[..., 0])
-            if V is None:
-                continue
-            if A is not None:
-                soft = soft * torch.bmm(A[:, sl].to(dtype), Bw.to(dtype).transpose(1, 2))
-            out[:, sl] = marg[:, sl, None] * torch.bmm(soft, Vd)
-        return out, marg
+        return torch_ref.transport(rows, cols, row_pot, col_pot, eps, V, A, Bw, precision,
+                                   self.chunk_elements, row_softmax=_row_softmax)  # fmt: skip
 
     def transport_grad(self, rows, cols, row_pot, col_pot, eps, precision):
         raise ValueError(

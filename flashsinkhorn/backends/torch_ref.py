@@ -153,8 +153,13 @@ def transport(
     Bw: torch.Tensor | None,
     precision: str,
     chunk_elements: int = CHUNK_ELEMENTS,
+    row_softmax=None,
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """(P ∘ A Bwᵀ) V (or P V without A, Bw) and the row marginal P 1; see Backend.transport."""
+    """(P ∘ A Bwᵀ) V (or P V without A, Bw) and the row marginal P 1; see Backend.transport.
+
+    ``row_softmax(rows, cols, row_pot, col_pot, eps, sl) -> (soft, marg)`` forms a block of
+    rows of the plan (default: from the points; a cost-matrix backend passes its own)."""
+    row_softmax = _row_softmax if row_softmax is None else row_softmax
     B, n, _ = rows.x.shape
     m = cols.x.shape[1]
     dtype = rows.sq.dtype
@@ -163,7 +168,7 @@ def transport(
     Vd = None if V is None else V.to(dtype)
     with matmul_precision(precision, rows.x.device):
         for sl in row_chunks(B, n, m, chunk_elements):
-            soft, marg[:, sl] = _row_softmax(rows, cols, row_pot, col_pot, eps, sl)
+            soft, marg[:, sl] = row_softmax(rows, cols, row_pot, col_pot, eps, sl)
             if V is None:
                 continue
             if A is not None:
