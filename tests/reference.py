@@ -18,7 +18,12 @@ def solve(x, y, a, b, eps, rho_x=None, rho_y=None, iters=20000, tol=1e-13):
 
     Returns (f, g, P) with P_ij = a_i b_j exp((f_i + g_j − C_ij)/eps).
     """
-    C = cost(x, y)
+    return solve_cost(cost(x, y), a, b, eps, rho_x, rho_y, iters, tol)
+
+
+def solve_cost(C, a, b, eps, rho_x=None, rho_y=None, iters=20000, tol=1e-13):
+    """:func:`solve` for a given (n, m) cost matrix C."""
+    C = np.asarray(C, np.float64)
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)
     with np.errstate(divide="ignore"):  # zero weights: log-weight -inf, as intended

@@ -14,30 +14,16 @@ from scipy.special import logsumexp
 
 import flashsinkhorn as fs
 
-from .reference import kl
+from .reference import kl, solve_cost
 
 F64 = torch.float64
 TIGHT = dict(tol=1e-12, n_iters=100_000)
 
 
 def dense_solve(C, a, b, eps, rho_x=None, rho_y=None, iters=200_000, tol=1e-14):
-    """(f, g, P) of min <C, P> + eps KL(P | a⊗b) [+ rho KL terms], alternating log-domain
-    Sinkhorn on the dense float64 matrix until the potentials stop moving."""
-    C, a, b = (np.asarray(t, np.float64) for t in (C, a, b))
-    with np.errstate(divide="ignore"):
-        la, lb = np.log(a), np.log(b)
-    lam_x = 1.0 if rho_x is None else rho_x / (rho_x + eps)
-    lam_y = 1.0 if rho_y is None else rho_y / (rho_y + eps)
-    f, g = np.zeros(len(a)), np.zeros(len(b))
-    for _ in range(iters):
-        f_new = -lam_x * eps * logsumexp(lb[None, :] + (g[None, :] - C) / eps, axis=1)
-        g_new = -lam_y * eps * logsumexp(la[:, None] + (f_new[:, None] - C) / eps, axis=0)
-        delta = max(np.abs(f_new - f).max(), np.abs(g_new - g).max())
-        f, g = f_new, g_new
-        if delta < tol:
-            break
-    P = np.exp(la[:, None] + lb[None, :] + (f[:, None] + g[None, :] - C) / eps)
-    return f, g, P
+    """(f, g, P) of min <C, P> + eps KL(P | a⊗b) [+ rho KL terms] in float64 (reference.py's
+    alternating log-domain Sinkhorn, run until the potentials stop moving)."""
+    return solve_cost(C, a, b, eps, rho_x, rho_y, iters, tol)
 
 
 def primal(C, a, b, P, eps, rho_x=None, rho_y=None):
