@@ -12,8 +12,8 @@ at the test wastes no iteration: when the test passes, its input is the returned
 Blocks are cached across calls, keyed like the fixed-iteration graphs (``graphs.py``): the
 addresses, shapes and strides of every tensor of the problem and every option the launches
 depend on. A training loop that solves the same shapes to a tolerance again and again then
-replays its blocks from the second iteration of a solve on (only the first iteration, from
-zero potentials, runs eagerly), instead of paying a capture in every solve.
+replays every block, the first one (iteration 0, from zero potentials, and the next
+``check_every`` iterations) included, instead of paying a capture in every solve.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def stats() -> dict[str, int]:
 
 
 class GraphedBlock:
-    """``every`` iterations of one solve, the last of which is a convergence test's step.
+    """Iterations of one solve, the last of which is a convergence test's step.
 
     Args:
         step: ``step(f, g, phase, test, before_test, omega) -> (f, g, err)``, one iteration of
@@ -44,17 +44,17 @@ class GraphedBlock:
             must not synchronise with the host.
         f: (B, n) potential, to size the buffers.
         g: (B, m) potential.
-        every: iterations per block (at least 2).
+        phases: the phase of each step (``Backend.symmetric_step``'s ``phase``), at least 2
+            steps: the first block of a solve starts from zero potentials, the others are all
+            "iterate".
         omega: (B, 1) initial over-relaxation factors, or None for plain iterations.
-        phase: where the block's first step stands (``Backend.symmetric_step``'s ``phase``);
-            the later steps are all "iterate".
     """
 
-    def __init__(self, step, f, g, every: int, omega: torch.Tensor | None, phase: str):
+    def __init__(self, step, f, g, phases: tuple[str, ...], omega: torch.Tensor | None):
         self.f_in, self.g_in = f.clone(), g.clone()
         self.omega = None if omega is None else omega.clone()
-        self.every = every
-        self.phase = phase
+        self.every = len(phases)
+        self.phases = phases
         self._lock = threading.Lock()
         self._step = step
         got = capture(self._body, f.device)
@@ -79,13 +79,12 @@ class GraphedBlock:
         )
 
     def _body(self):
-        f, g, phase = self.f_in, self.g_in, self.phase
+        f, g = self.f_in, self.g_in
         last = self.every - 1
-        for j in range(self.every):
+        for j, phase in enumerate(self.phases):
             if j == last:
                 f_tested, g_tested = f, g
             f, g, err = self._step(f, g, phase, j == last, j == last - 1, self.omega)
-            phase = "iterate"
         return f_tested, g_tested, f, g, err
 
     def run(self, f, g, omega: torch.Tensor | None):

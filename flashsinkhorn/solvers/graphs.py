@@ -64,12 +64,13 @@ def solve_key(problem: Problem, backend, eps_list, n_iters: int, schedule: str) 
     return (*base, tuple(float(e) for e in eps_list), int(n_iters), schedule)
 
 
-def block_key(problem: Problem, backend, eps: float, opts, relaxed: bool, phase: str):
-    """The cache key of a tolerance solve's block of iterations (``blocks.py``), or None."""
+def block_key(problem: Problem, backend, eps: float, opts, relaxed: bool, phases: tuple):
+    """The cache key of a tolerance solve's block of iterations (``blocks.py``), or None;
+    ``phases``: the phase of each of the block's steps."""
     base = _problem_key(problem, backend)
     if base is None:
         return None
-    return (*base, float(eps), opts.schedule, opts.check_every, relaxed, phase)
+    return (*base, float(eps), opts.schedule, opts.check_every, relaxed, phases)
 
 
 def run(key: tuple, solve: Callable[[], tuple[torch.Tensor, ...]], device) -> tuple:

@@ -230,24 +230,27 @@ def _run_plain(problem, backend, f, g, eps, opts, phase, done):
                      omega=1.0 if omega is None else omega, omega_g=omega_g)  # fmt: skip
 
     graphed = GraphedBlock.possible(problem, backend, opts)
-    keys: dict[str, tuple | None] = {}
+    keys: dict[tuple, tuple | None] = {}
     k = 0
     while k < opts.n_iters:
         check = _is_check(opts, k)
-        # A block covers iterations k .. k + every − 1, the last one a test's.
-        if graphed and k % every == 1 and k + every <= opts.n_iters:
+        # A block covers iterations k .. k + length − 1, the last one a test's: the first
+        # block of the solve also takes its iteration 0 (``every`` + 1 steps), the others
+        # ``every``.
+        length = every + 1 if k == 0 else every
+        if graphed and (k == 0 or k % every == 1) and k + length <= opts.n_iters:
             got = _graphed_block(problem, backend, eps, opts, relax, phase, keys, block_step,
-                                 f, g, k)  # fmt: skip
+                                 f, g, k, length)  # fmt: skip
             if got is not None:
                 f_t, g_t, f_new, g_new, err = got
-                done += every - 1
+                done += length - 1
                 phase = "iterate"
                 if test(err):
                     f, g = f_t, g_t
                     break
                 f, g = f_new, g_new
                 done += 1
-                k += every
+                k += length
                 continue
         omega, omega_g = 1.0, None
         if relax is not None:
@@ -267,21 +270,26 @@ def _run_plain(problem, backend, f, g, eps, opts, phase, done):
     return f, g, done, state["converged"], state["err"], errors
 
 
-def _graphed_block(problem, backend, eps, opts, relax, phase, keys, block_step, f, g, k):
-    """Runs the block of iterations from ``k`` from a CUDA graph, or returns None (eager).
+def _graphed_block(problem, backend, eps, opts, relax, phase, keys, block_step, f, g, k,
+                   length):  # fmt: skip
+    """Runs the ``length`` iterations from ``k`` from a CUDA graph, or returns None (eager).
 
     A block seen in an earlier solve (same key) is replayed, or captured now; a new one is
     captured only after ``GRAPH_AFTER_BLOCKS`` eager blocks of this solve: they compile every
     kernel variant the block launches, and a solve that ends within them would not repay a
     capture (a few ms).
     """
-    if phase not in keys:
-        key = graphs.block_key(problem, backend, eps, opts, relax is not None, phase)
+    phases = [phase]
+    while len(phases) < length:
+        phases.append(_NEXT_PHASE[phases[-1]])
+    phases = tuple(phases)
+    if phases not in keys:
+        key = graphs.block_key(problem, backend, eps, opts, relax is not None, phases)
         recurring = key is not None and blocks.CACHE.known(key)
         if key is not None and not recurring:
             blocks.CACHE.see(key)
-        keys[phase] = (key, recurring)
-    key, recurring = keys[phase]
+        keys[phases] = (key, recurring)
+    key, recurring = keys[phases]
     if key is None:
         return None
     block = blocks.CACHE.get(key)
@@ -291,7 +299,7 @@ def _graphed_block(problem, backend, eps, opts, relax, phase, keys, block_step, 
         if not recurring and k <= GRAPH_AFTER_BLOCKS * opts.check_every:
             return None
         omega_t = None if relax is None else relax.tensor(f)
-        block = GraphedBlock(block_step, f, g, opts.check_every, omega_t, phase)
+        block = GraphedBlock(block_step, f, g, phases, omega_t)
         blocks.CACHE.put(key, block)
         if block.graph is None:
             return None
