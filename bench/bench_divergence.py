@@ -46,7 +46,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from bench_ttt import _slug, _sync, device_name, time_calls  # noqa: E402
+from ttt.timing import device_name, slug, sync, time_calls  # noqa: E402
 
 EPS = 0.1
 ITERS = 10
@@ -229,7 +229,7 @@ def main(argv=None) -> int:
                 except Exception as e:  # noqa: BLE001
                     traceback.print_exc()
                     emit({"method": prov, "error": f"{type(e).__name__}: {e}"[:300]})
-                _sync(args.device)
+                sync(args.device)
                 if args.device.startswith("cuda"):
                     torch.cuda.empty_cache()
     for r in rows:
@@ -240,7 +240,7 @@ def main(argv=None) -> int:
     dev = device_name(args.device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"divergence_{_slug(dev)}{'_quick' if args.quick else ''}.json"
+    path = out / f"divergence_{slug(dev)}{'_quick' if args.quick else ''}.json"
     now = _dt.datetime.now(_dt.timezone.utc).isoformat()
     head = {"device": dev, "torch": torch.__version__, "eps": EPS, "iters": ITERS, "tol": TOL,
             "quick": args.quick, "updated": now}  # fmt: skip
