@@ -87,7 +87,7 @@ def row_key(r: dict) -> tuple:
 def format_table(rows: list[dict]) -> str:
     head = (
         f"{'problem':26s} {'size':20s} {'method':26s} {'ms':>10s} {'iters':>6s} "
-        f"{'err (fp64)':>10s} {'|dv| to ref':>11s}  notes"
+        f"{'error':>10s} {'fp64 check':>10s} {'|dv| to ref':>11s}  notes"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -98,6 +98,8 @@ def format_table(rows: list[dict]) -> str:
             lines.append(f"{name} {what[:90]}")
             continue
         dv = f"{r['value_err']:.1e}" if r.get("value_err") is not None else "-"
+        c = r.get("marginal_error_check")
+        check = "-" if c is None else f"{c:.2e}"
         notes = []
         if not r.get("reached_tol"):
             notes.append("TOL NOT REACHED")
@@ -107,7 +109,7 @@ def format_table(rows: list[dict]) -> str:
             notes.append(f"not converged (cap {r.get('iter_cap')})")
         lines.append(
             f"{name} {r['ms']:10.2f} {str(r.get('n_iters', '-')):>6s} "
-            f"{r['marginal_error']:10.2e} {dv:>11s}  {'; '.join(notes)}"
+            f"{r['marginal_error']:10.2e} {check:>10s} {dv:>11s}  {'; '.join(notes)}"
         )
     return "\n".join(lines)
 

@@ -78,20 +78,26 @@ def value_fields(p: Problem, ref: dict | None, value, compare: bool = True) -> d
     return out
 
 
-def err_fields(exact, judge=None, judged_by: str = "exact points") -> dict:
-    """The error that decides ``reached_tol`` (``marginal_error``, measured on the problem the
-    solver computed: ``judged_by`` says how) and the float64 error of the returned
-    potentials on the fp32 input points (``marginal_error_exact``: it also counts the TF32
-    rounding of the cost, which at eps = 0.001 alone exceeds the tolerance for every
-    solver)."""
+def err_fields(exact, judge=None, judged_by: str = "exact points", check=None) -> dict:
+    """The error that decides ``reached_tol`` (``marginal_error``: ``judged_by`` says whose
+    and how), the float64 error of the returned potentials on the fp32 input points
+    (``marginal_error_exact``: it also counts the TF32 rounding of the cost, which at
+    eps = 0.001 alone exceeds the tolerance for every solver) and, where given, a float64
+    recomputation on the problem the solver computed (``marginal_error_check``: the exact plan
+    of its potentials on its rounded points; near the float32 floor, eps/diam² ≈ 1e-5, it
+    exceeds the solver's own float32 measure, for a solver whose own test is the judge, OTT's
+    as well as ours)."""
     e_exact = float(exact.max())
     e = e_exact if judge is None else float(judge.max() if hasattr(judge, "max") else judge)
-    return {
+    out = {
         "marginal_error": e,
         "reached_tol": bool(e <= TOL),
         "judged_by": judged_by,
         "marginal_error_exact": e_exact,
     }
+    if check is not None:
+        out["marginal_error_check"] = float(check.max())
+    return out
 
 
 def solved_points(res):

@@ -54,7 +54,9 @@ def worker(p: Problem, device, budget: Budget, emit, refs) -> None:
             solver_error=float(res.marginal_error.max()),
             schedule=res.schedule,
             acceleration=res.acceleration,
-            **err_fields(err, judge, "float64 on the points it solved (TF32-rounded)"),
+            # Judged like OTT-JAX, by its own test (the float32 plan it returns and applies);
+            # the float64 check on the points it solved is reported beside it.
+            **err_fields(err, res.marginal_error.max(), "its own test (float32)", check=judge),
             **value_fields(p, ref, value),
         )
         emit(row)
