@@ -39,7 +39,11 @@ class _OnFirstUse:
     def __getattr__(self, attr: str):
         if self._module is None:
             self._module = importlib.import_module(self._name, __package__)
-        return getattr(self._module, attr)
+        value = getattr(self._module, attr)
+        # later lookups find the attribute on the instance (no __getattr__ call); the
+        # functions and kernels looked up this way are never rebound in their module
+        setattr(self, attr, value)
+        return value
 
 
 _SK = _OnFirstUse(".sk_triton")
@@ -50,12 +54,17 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _run_forward(x: torch.Tensor, n_iters: int, variant: str, eps: float, backend: str):
+    if backend == "triton":
+        if x.dim() == 3 and x.is_contiguous():
+            # the common case without a reshape or a view (each ≈ 1-2 µs of host time)
+            return _SK.sk_forward_triton(x, n_iters, variant, eps)
+        n = x.shape[-1]
+        return _SK.sk_forward_triton(x.reshape(-1, n, n).contiguous(), n_iters, variant, eps).view(
+            x.shape
+        )
     n = x.shape[-1]
     flat = x.reshape(-1, n, n)
-    if backend == "triton":
-        out = _SK.sk_forward_triton(flat.contiguous(), n_iters, variant, eps)
-    else:
-        out = sk_forward_torch(flat.to(_compute_dtype(x.dtype)), n_iters, variant, eps)
+    out = sk_forward_torch(flat.to(_compute_dtype(x.dtype)), n_iters, variant, eps)
     return out.to(x.dtype).reshape(x.shape)
 
 
