@@ -297,7 +297,7 @@ def _launch_cfg(cfg: tuple, m: torch.Tensor):
 SMALL_FWD_PAIR = {torch.float32: False, torch.float16: True, torch.bfloat16: True}
 
 # Launch data of the small forward per (n, n_iters, variant, dtype, on the GPU, generator
-# options, launch configuration): the kernel and its keyword arguments, built once.
+# options, launch configuration, pairing): the kernel and its keyword arguments, built once.
 _FWD_LAUNCH: dict = {}
 
 
@@ -306,11 +306,13 @@ def _small_fwd_launch(n: int, n_iters: int, variant: str, m: torch.Tensor):
     if type(opts) is not tuple:
         opts = tuple(opts)
     cfg = SMALL_CONFIG["fwd"]
-    key = (n, n_iters, variant, m.dtype, m.is_cuda, opts, cfg)
+    pair = SMALL_FWD_PAIR.get(m.dtype, False)
+    key = (n, n_iters, variant, m.dtype, m.is_cuda, opts, cfg, pair)
     hit = _FWD_LAUNCH.get(key)
     if hit is None:
         opts = list(opts)
-        opts[2] = bool(SMALL_FWD_PAIR.get(m.dtype, False)) if len(opts) > 2 else False
+        if len(opts) > 2:
+            opts[2] = bool(pair)
         fwd, _ = _small_kernels(n, n_iters, variant, tuple(opts))
         block, kw = _launch_cfg(cfg, m)
         kw = {**kw, **FP_FUSION, "BLOCK": block, "FAST": m.is_cuda and not _interpreting()}

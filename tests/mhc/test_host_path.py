@@ -129,3 +129,19 @@ def test_gpu_host_time_per_call():
         best = min(best, (time.perf_counter() - t) / 2000)
         torch.cuda.synchronize()
     assert best < 20e-6, f"{best * 1e6:.1f} µs of host time per call"
+
+
+@pytest.mark.parametrize("pair", [True, False])
+def test_forward_reciprocal_schemes(device, monkeypatch, pair):
+    # both reciprocal schemes of the forward, for every dtype (the launch cache is keyed by it)
+    from flashsinkhorn.mhc import sk_triton
+
+    monkeypatch.setattr(sk_triton, "SMALL_FWD_PAIR", dict.fromkeys(sk_triton.SMALL_FWD_PAIR, pair))
+    m = _logits((29, 4, 4), scale=80.0, seed=9).float().to(device)
+    expect = sinkhorn_knopp_reference_float(m)
+    p = sk_triton.sk_forward_triton(m, 20, "log", 0.0)
+    torch.testing.assert_close(p.double().cpu(), expect, rtol=0, atol=1e-5)
+    ph = sk_triton.sk_forward_triton(m.to(torch.bfloat16), 20, "log", 0.0)
+    expect16 = sinkhorn_knopp_reference_float(m.to(torch.bfloat16).float())
+    torch.testing.assert_close(ph.double().cpu(), expect16, rtol=0, atol=1e-2)
+    assert any(key[-1] is pair for key in sk_triton._FWD_LAUNCH)
