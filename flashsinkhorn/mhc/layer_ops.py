@@ -80,13 +80,15 @@ def _dual(name: str, impl, fake, setup_context, backward, non_differentiable=())
 
     class _Eager(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, *args):
-            out = impl(*args)
-            setup_context(ctx, args, out)
+        def forward(*args):
+            return impl(*args)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            setup_context(ctx, inputs, output)
             ctx.eager = True
             if non_differentiable:
-                ctx.mark_non_differentiable(*(out[i] for i in non_differentiable))
-            return out
+                ctx.mark_non_differentiable(*(output[i] for i in non_differentiable))
 
         @staticmethod
         def backward(ctx, *grads):

@@ -242,10 +242,12 @@ class _SKFunction(torch.autograd.Function):
     without the custom op's dispatch (≈ 30 µs of host time per call on a CPU)."""
 
     @staticmethod
-    def forward(ctx, x, n_iters, variant, eps, backend):
-        ctx.save_for_backward(x)
-        ctx.args = (n_iters, variant, eps, backend)
+    def forward(x, n_iters, variant, eps, backend):
         return _run_forward(x, n_iters, variant, eps, backend)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _setup_context(ctx, inputs, output)
 
     @staticmethod
     @once_differentiable

@@ -178,6 +178,39 @@ def test_autocast_dtypes(device, backend):
     assert err < 2e-2, err
 
 
+def test_compile_under_autocast(device):
+    # the autocast state is read while tracing: the compiled call casts like the eager one
+    torch.manual_seed(5)
+    hc = HyperConnection(24, 4, n_iters=3, backend="triton", gemm_precision="ieee").to(device)
+    lin = nn.Linear(24, 24).to(device)
+
+    def f(x):
+        with torch.autocast(torch.device(device).type, torch.bfloat16):
+            return hc(x, lin)
+
+    x = torch.randn(2, 5, 4, 24, device=device)
+    x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    o1 = f(x1)
+    o1.float().sum().backward()
+    o2 = torch.compile(f, backend="aot_eager", fullgraph=True)(x2)
+    o2.float().sum().backward()
+    assert o1.dtype == o2.dtype == torch.bfloat16
+    torch.testing.assert_close(o1, o2, rtol=0, atol=0)
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=0, atol=0)
+
+
+def test_torch_func_grad():
+    # the eager Functions use setup_context, so torch.func transforms can differentiate them
+    from flashsinkhorn.mhc import sinkhorn_knopp
+
+    m = torch.randn(3, 4, 4, dtype=torch.float64)
+    w = torch.randn(4, 4, dtype=torch.float64)
+    g = torch.func.grad(lambda t: (sinkhorn_knopp(t, 5, backend="torch") * w).sum())(m)
+    m2 = m.clone().requires_grad_(True)
+    (sinkhorn_knopp(m2, 5, backend="torch") * w).sum().backward()
+    torch.testing.assert_close(g, m2.grad, rtol=0, atol=0)
+
+
 def test_bf16_input_stays_bf16(device):
     hc, ref = _pair(24, 4, 4, "log", "triton", seed=6)
     hc = hc.to(device)
