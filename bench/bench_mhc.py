@@ -268,6 +268,40 @@ def bench_projection(sizes, device, timer, compile_backend):
             torch.cuda.empty_cache()
 
 
+def bench_host(device, timer):
+    """Host time per call at B = 1: back-to-back calls without synchronisation; the GPU runs
+    each tiny kernel faster than the host issues the next, so wall time / calls is the host
+    cost of a call (validation cached, launch included)."""
+    m = torch.randn(1, N, N, device=device)
+    x = m.clone().requires_grad_(True)
+    calls = [
+        ("sinkhorn_knopp, fp32", lambda: sinkhorn_knopp(m, ITERS, check_finite=False)),
+        ("sinkhorn_knopp, bf16", lambda: sinkhorn_knopp(m16, ITERS, check_finite=False)),
+        ("sinkhorn_knopp, fp32, autograd", lambda: sinkhorn_knopp(x, ITERS, check_finite=False)),
+        ("sinkhorn_knopp, check_finite=True", lambda: sinkhorn_knopp(m, ITERS)),
+    ]
+    m16 = m.to(torch.bfloat16)
+    if device == "cuda":
+        from flashsinkhorn.mhc import sk_triton as SKT
+
+        calls.append(
+            ("sk_forward_triton (launch only)", lambda: SKT.sk_forward_triton(m, ITERS, "log", 0.0))
+        )
+    k = 2000 if device == "cuda" else 200
+    for name, fn in calls:
+        for _ in range(50):
+            fn()
+        timer.sync()
+        best = []
+        for _ in range(5):
+            t = time.perf_counter()
+            for _ in range(k):
+                fn()
+            best.append((time.perf_counter() - t) / k * 1e3)
+            timer.sync()
+        _row("host B=1", name, best, us_per_call=round(min(best) * 1e3, 2))
+
+
 # ---------------------------------------------------------------------------------------------
 # Layer
 # ---------------------------------------------------------------------------------------------
@@ -364,6 +398,7 @@ def main():
             sizes.append(2**args.max_log2)
         tokens, C = 16 * 2048, 4096
     if args.only != "layer":
+        bench_host(device, timer)
         bench_projection(sizes, device, timer, backend)
     if args.only != "projection":
         dts = [torch.float32, torch.bfloat16]
