@@ -148,9 +148,9 @@ class HyperConnection(HyperConnectionReference):
         Returns:
             ``(branch_input, add_residual, h_res)``: the branch input u (..., C) in X's dtype
             (the autocast dtype under autocast); a function ``add_residual(branch_output)``
-            that takes F (..., C) and returns the next residual streams (..., n, C), to be
-            called once; and the mixing matrices H_res (..., n, n) (float32 on the Triton
-            path, differentiable).
+            that takes F (..., C) and returns the next residual streams (..., n, C) (it
+            may be called more than once); and the mixing matrices H_res (..., n, n)
+            (float32 on the Triton path, differentiable).
 
         Raises:
             TypeError: X not a floating tensor; with ``backend="triton"``, X of another dtype

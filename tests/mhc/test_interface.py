@@ -14,6 +14,7 @@ from flashsinkhorn.mhc import (
     fused_stream_mix,
 )
 from flashsinkhorn.mhc.reference import PRE_INIT_LOGIT
+from flashsinkhorn.tuning import TUNING
 
 from .test_layer import _compare
 
@@ -101,6 +102,28 @@ def test_split_interface_matches_reference(device, backend, dynamic):
         assert a.shape == b.shape
         err = (a.double().cpu() - b).abs().max().item() / max(1.0, b.abs().max().item())
         assert err < tol, err
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_add_residual_called_twice(device, monkeypatch, fused, dynamic):
+    # two residual updates from one split: the gradients of X add up through the sink
+    monkeypatch.setattr(TUNING, "mhc_fused_dx", fused)
+    hc, ref = _pair(24, 3, 4, "triton", seed=10, dynamic=dynamic)
+    gen = torch.Generator().manual_seed(11)
+    h, g1, g2 = (torch.randn(6, 3, 24, generator=gen, dtype=torch.float64) for _ in range(3))
+
+    def run(module, h, g1, g2):
+        h = h.clone().requires_grad_(True)
+        u, add_residual, _ = module.split(h)
+        loss = (add_residual(torch.tanh(u)) * g1).sum() + (add_residual(u * 2) * g2).sum()
+        return torch.autograd.grad(loss, [h, *module.parameters()])
+
+    expect = run(ref, h, g1, g2)
+    got = run(hc.to(device), *(t.to(device, torch.float32) for t in (h, g1, g2)))
+    for a, b in zip(got, expect, strict=True):
+        err = (a.double().cpu() - b).abs().max().item() / max(1.0, b.abs().max().item())
+        assert err < 1e-4, err
 
 
 def test_static_mode_has_bias_only():
