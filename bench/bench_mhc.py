@@ -33,6 +33,7 @@ import time
 import torch
 
 from flashsinkhorn.mhc import HyperConnection, HyperConnectionReference, sinkhorn_knopp
+from flashsinkhorn.mhc import sinkhorn as S
 from flashsinkhorn.mhc.reference import sinkhorn_knopp_reference
 
 ROWS: list[dict] = []
@@ -150,6 +151,14 @@ def _projection_methods(device, use_triton, compile_backend, eager_max):
         def kernel(m, g):
             return lambda: SKT.sk_forward_triton(m, ITERS, "log", 0.0)
 
+        def previous_call(m, g):
+            # the per-call path before the validation cache: validate, then the custom op
+            def run():
+                S._validate(m, ITERS, "log", 1e-6, "auto", False)
+                S._sk_op(m, ITERS, "log", 0.0, "triton")
+
+            return run
+
         def general(m, g):
             return lambda: SKT.sk_forward_triton(m, ITERS, "log", 0.0, "general")
 
@@ -178,6 +187,7 @@ def _projection_methods(device, use_triton, compile_backend, eager_max):
         out += [
             ("ours: sinkhorn_knopp call", "fwd", torch.float32, call, None),
             ("ours: kernel launch only", "fwd", torch.float32, kernel, None),
+            ("ours: validate + custom op (previous)", "fwd", torch.float32, previous_call, None),
             ("ours: sinkhorn_knopp call", "fwd", torch.bfloat16, call, None),
             ("ours: kernel, unpaired rcp", "fwd", torch.bfloat16, pairing(False), None),
             ("ours: kernel, paired rcp", "fwd", torch.float32, pairing(True), None),
@@ -287,6 +297,12 @@ def bench_host(device, timer):
         calls.append(
             ("sk_forward_triton (launch only)", lambda: SKT.sk_forward_triton(m, ITERS, "log", 0.0))
         )
+
+        def previous():
+            S._validate(m, ITERS, "log", 1e-6, "auto", False)
+            S._sk_op(m, ITERS, "log", 0.0, "triton")
+
+        calls.append(("validate + custom op (previous path)", previous))
     k = 2000 if device == "cuda" else 200
     for name, fn in calls:
         for _ in range(50):
