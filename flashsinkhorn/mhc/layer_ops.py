@@ -287,7 +287,8 @@ def _pre_bwd_impl(
             x, dsink, du, coef, dy, rcoef, phi, dx, dphi_part, T, Kd, N, n, C, n_tsplit,
             BM=BM, BK=BK, NP=NP, PREC=prec, num_warps=4, **FP_FUSION,
         )  # fmt: skip
-    dphi = dphi_part.sum(0)[:, :N].to(phi.dtype)
+    # contiguous: the fake (and the autograd contract) promise φ's layout, not a column slice
+    dphi = dphi_part.sum(0)[:, :N].to(phi.dtype).contiguous()
     return (
         dx,
         dphi,

@@ -49,6 +49,28 @@ def test_opcheck_post_mix_add(device):
     torch.library.opcheck(L.add_op, (x, f, hp))
 
 
+@pytest.mark.parametrize("mix, fused", [(True, True), (True, False), (False, True)])
+def test_opcheck_backward_ops(device, mix, fused):
+    # the backward ops' fakes must promise the layouts the implementations return (inductor
+    # asserts them: a column slice of the dφ partial sums once broke that)
+    n, C, T = 4, 8, 3
+    phi, alphas, bias = (t.detach() if isinstance(t, torch.Tensor) else [a.detach() for a in t]
+                         for t in _params(n, C))  # fmt: skip
+    x = torch.randn(T, n, C, device=device)
+    phi, bias = phi.to(device), bias.to(device)
+    alphas = [a.to(device) for a in alphas]
+    out = L.pre_op(x, phi, *alphas, bias, 3, "log", 0.0, 1e-6, "ieee", False, mix, fused)
+    u, h_pre, h_post, h_res, sink, y_raw, r, res_logits = out
+    du, dsink = torch.randn_like(u), torch.randn(sink.shape, device=device)
+    grads = (du, torch.randn_like(h_pre), torch.randn_like(h_post), torch.randn_like(h_res), dsink)
+    saved = (x, phi, *alphas, h_pre, h_post, h_res, y_raw, r, res_logits)
+    torch.library.opcheck(L._pre_bwd_op, (*grads, *saved, 3, "log", 0.0, "ieee", False, mix, fused))
+    f = torch.randn(T, C, device=device)
+    dout = torch.randn_like(x)
+    torch.library.opcheck(L._post_bwd_op, (dout, x, f, h_post, h_res, fused, mix))
+    torch.library.opcheck(L._mix_bwd_op, (du if mix else f, dout, x, h_pre, h_res, mix))
+
+
 def test_fake_shapes_and_dtypes():
     # meta tensors go through the fake implementations only
     n, C, T = 4, 16, 7
@@ -118,6 +140,23 @@ def test_compile_fullgraph_matches_float64_reference(device):
     hc, ref = _pair(40, 3, 4, "log", "triton", seed=11)
     compiled = torch.compile(hc.to(device), backend="aot_eager", fullgraph=True)
     _compare(compiled, ref, (2, 3), 3, 40, device, 1e-4)
+
+
+def test_compile_inductor(device):
+    # the default backend: inductor generates code around the ops and asserts their layouts
+    torch.manual_seed(13)
+    block = _Block(24, 4, n_iters=3, backend="triton", gemm_precision="ieee").to(device)
+    x = torch.randn(2, 5, 4, 24, device=device)
+    x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    o1, g1 = _train_step(block, x1)
+    g1 = [g.clone() for g in g1]
+    block.zero_grad()
+    o2, g2 = _train_step(torch.compile(block, fullgraph=True), x2)
+    # inductor's generated code for the linear layers sums in another order (fp32 rounding)
+    torch.testing.assert_close(o1, o2, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-5, atol=1e-5)
+    for a, b in zip(g1, g2, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_compile_torch_path_float64():
