@@ -23,6 +23,9 @@ from .sinkhorn import BACKENDS, check_triton_device, sinkhorn_knopp
 
 __all__ = ["fused_add_residual", "fused_dynamic_weights", "fused_stream_mix"]
 
+#: Most streams of the mixing kernels (they hold an (n, n, channel block) product in registers).
+MAX_MIX_STREAMS = 8
+
 
 def _tensor(name: str, v: object, dims: str) -> torch.Tensor:
     if not isinstance(v, torch.Tensor) or not v.is_floating_point():
@@ -45,7 +48,9 @@ def _same_device(ref: torch.Tensor, **others: torch.Tensor) -> None:
             )
 
 
-def _use_triton(backend: str, x: torch.Tensor) -> bool:
+def _use_triton(backend: str, x: torch.Tensor, n: int, max_n: int) -> bool:
+    """Whether the kernels run; ``max_n``: the most streams they take (the stream axis is a
+    register tile dimension)."""
     V.check_choice("backend", backend, BACKENDS)
     if backend == "torch" or x.numel() == 0:
         return False
@@ -55,9 +60,14 @@ def _use_triton(backend: str, x: torch.Tensor) -> bool:
                 f"backend='triton' supports streams of dtype float16, bfloat16 or float32; got "
                 f"{x.dtype}. Use backend='torch' for float64."
             )
+        if n > max_n:
+            raise ValueError(
+                f"backend='triton' supports at most {max_n} streams here, got n = {n}; use "
+                "backend='auto' or 'torch'"
+            )
         check_triton_device("H", x)
         return True
-    return x.is_cuda and _HAS_TRITON and x.dtype in _KERNEL_DTYPES
+    return x.is_cuda and _HAS_TRITON and x.dtype in _KERNEL_DTYPES and n <= max_n
 
 
 def fused_stream_mix(
@@ -78,8 +88,8 @@ def fused_stream_mix(
 
     Raises:
         TypeError: a non-floating or non-tensor argument; ``backend="triton"`` with float64.
-        ValueError: mismatched shapes or devices; unknown backend; Triton on CPU tensors
-            without the interpreter.
+        ValueError: mismatched shapes or devices; unknown backend; with ``backend="triton"``,
+            more than 8 streams, or CPU tensors without the interpreter.
     """
     H = _tensor("H", H, "(..., n, C)")
     if H.dim() < 2:
@@ -90,7 +100,7 @@ def fused_stream_mix(
     _shape("H_pre", H_pre, (*lead, n), "(..., n)")
     _shape("H_res", H_res, (*lead, n, n), "(..., n, n)")
     _same_device(H, H_pre=H_pre, H_res=H_res)
-    if not _use_triton(backend, H):
+    if not _use_triton(backend, H, n, MAX_MIX_STREAMS):
         u = torch.einsum("...i,...ic->...c", H_pre.to(H.dtype), H)
         return u, torch.einsum("...ij,...jc->...ic", H_res.to(H.dtype), H)
     x3 = H.reshape(-1, n, C).contiguous()
@@ -128,7 +138,7 @@ def fused_add_residual(
     _shape("branch_output", F, (*lead, C), "(..., C)")
     _shape("H_post", H_post, (*lead, n), "(..., n)")
     _same_device(R, branch_output=F, H_post=H_post)
-    if not _use_triton(backend, R):
+    if not _use_triton(backend, R, n, MAX_MIX_STREAMS):
         return R + H_post.to(R.dtype)[..., None] * F.to(R.dtype)[..., None, :]
     out = L.add_residual(R.reshape(-1, n, C).contiguous(), F.reshape(-1, C), H_post.reshape(-1, n))
     return out.view(*lead, n, C)
@@ -175,7 +185,8 @@ def fused_dynamic_weights(
 
     Raises:
         TypeError / ValueError: non-tensor or mismatched arguments (the message names the
-            argument and the expected shape); the scalar arguments as in ``HyperConnection``.
+            argument and the expected shape); the scalar arguments as in ``HyperConnection``;
+            with ``backend="triton"``, more than 7 streams (``"auto"`` takes the torch path).
     """
     phi = _tensor("phi", phi, "(n·C, n² + 2n)")
     if phi.dim() != 2:
@@ -205,7 +216,7 @@ def fused_dynamic_weights(
     V.check_choice("gemm_precision", gemm_precision, ("tf32", "ieee"))
     lead = x.shape[:-2]
     a_pre, a_post, a_res = (a.reshape(1) for a in gains.values())
-    if not _use_triton(backend, x) or n * n + 2 * n > 64:
+    if not _use_triton(backend, x, n, 7):  # n² + 2n coefficients in a 64-wide tile
         flat = x.reshape(-1, n * C).to(phi.dtype)
         r = torch.sqrt(flat.square().mean(-1, keepdim=True) + rms_eps)
         h = flat @ phi

@@ -257,6 +257,16 @@ def test_step_functions_bad_input():
                               torch.rand(2), torch.rand(1))  # fmt: skip
     with pytest.raises(ValueError, match="bias must have shape"):
         fused_dynamic_weights(h, torch.rand(32, 24), *[torch.rand(1)] * 4)
+    wide = torch.randn(2, 9, 8)
+    with pytest.raises(ValueError, match="at most 8 streams"):
+        fused_stream_mix(wide, torch.rand(2, 9), torch.rand(2, 9, 9), backend="triton")
+    u, _ = fused_stream_mix(wide, torch.rand(2, 9), torch.rand(2, 9, 9))  # auto: torch path
+    assert u.shape == (2, 8)
+    x8 = torch.randn(3, 8, 4)
+    w8 = [torch.rand(32, 80), torch.rand(80), torch.rand(1), torch.rand(1), torch.rand(1)]
+    with pytest.raises(ValueError, match="at most 7 streams"):
+        fused_dynamic_weights(x8, *w8, backend="triton")
+    assert fused_dynamic_weights(x8, *w8)[2].shape == (3, 8, 8)
 
 
 def test_layer_options_bad_input():
