@@ -1,9 +1,11 @@
 """Public entry point of the batched small-matrix Sinkhorn–Knopp projection.
 
-``sinkhorn_knopp`` validates, picks a backend and calls the custom op
-``flashsinkhorn::mhc_sinkhorn`` (forward) whose autograd formula is the custom op
-``flashsinkhorn::mhc_sinkhorn_backward``; both have fake (meta) implementations so that the
-projection can be traced by ``torch.compile`` without graph breaks.
+``sinkhorn_knopp`` validates and picks a backend, once per call signature (``_plan``). While
+``torch.compile`` traces, it calls the custom op ``flashsinkhorn::mhc_sinkhorn`` (forward)
+whose autograd formula is the custom op ``flashsinkhorn::mhc_sinkhorn_backward``; both have
+fake (meta) implementations, so the projection is traced without graph breaks. Eager calls run
+the same forward and backward without the custom op's dispatch: directly without autograd,
+through ``_SKFunction`` with it.
 """
 
 from __future__ import annotations
