@@ -1,11 +1,25 @@
-"""mHC benchmarks: the batched 4×4 projection (forward, backward) and the hyper-connection layer.
+"""mHC benchmarks: the batched 4×4 projection over a sweep of B, and the hyper-connection layer.
 
-Protocol (docs/mhc.md): fp32, 20 iterations, median of triton.testing.do_bench after warm-up,
-compilation excluded from the timed region (first-call time reported separately), baselines
-measured in the same run. Writes bench/results/mhc_<gpu>.json (and into --out if given).
+Protocol (docs/mhc.md): n = 4, 20 iterations. Each call is timed on its own (CUDA events around
+the call, L2 flushed before it, host work included: a call pays its own launch), and a row
+reports the median and the 1 % / 99 % quantiles over the calls (≥ 5, about 0.5 s of work).
+GB/s counts the minimum traffic (projection: read the logits and write the result, 128 B per
+fp32 matrix forward; backward 192 B). Every projection size also times a device-to-device copy
+of the same number of bytes in the same run, and each row reports its share of that copy
+bandwidth and of the largest copy bandwidth of the run (the peak). Baselines in the same run:
+the PyTorch loop (eager and torch.compile'd) and the earlier kernel designs still in the
+library (the general path: one matrix per program; the forward without paired reciprocals).
+Layer: T = 16 × 2048 tokens, C = 4096, n = 4; our layer eager and compiled, the PyTorch
+reference module eager and compiled; forward and forward+backward; fp32 and bf16 (X and F in
+bf16, parameters fp32); peak memory of the forward+backward. Compilation and first calls are
+excluded from the timed region (first-call time reported separately).
 
-    python bench/bench_mhc.py            # full run (H200: ~2 minutes once the kernels are compiled)
-    python bench/bench_mhc.py --quick    # small sizes, for a smoke test
+    python bench/bench_mhc.py --out out               # H100: ≈ 6 min (about half compiling)
+    python bench/bench_mhc.py --only projection       # the B sweep only (≈ 2 min)
+    python bench/bench_mhc.py --only layer            # the layer only (≈ 4 min)
+    python bench/bench_mhc.py --quick --out /tmp/q    # small sizes; also on a CPU (< 60 s)
+
+Output: ``mhc_<gpu>[_quick].json`` in ``--out`` (default bench/results).
 """
 
 from __future__ import annotations
@@ -17,344 +31,416 @@ import re
 import time
 
 import torch
-import triton
-import triton.testing
 
-from flashsinkhorn import tuning
-from flashsinkhorn.mhc import HyperConnection, HyperConnectionReference, sk_triton
+from flashsinkhorn.mhc import HyperConnection, HyperConnectionReference, sinkhorn_knopp
+from flashsinkhorn.mhc import sinkhorn as S
 from flashsinkhorn.mhc.reference import sinkhorn_knopp_reference
-from flashsinkhorn.tuning import TUNING
 
 ROWS: list[dict] = []
+N, ITERS = 4, 20
 
 
-def _bench(fn, warmup=25, rep=100):
-    return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+class Timer:
+    """Per-call times in ms: CUDA events around each call after an L2 flush, or wall time on
+    the CPU. ``budget_s`` bounds the timed work of one row."""
+
+    def __init__(self, device: str, budget_s: float = 0.5, max_reps: int = 200):
+        self.cuda = device == "cuda"
+        self.budget_s, self.max_reps = budget_s, max_reps
+        if self.cuda:
+            self.flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def once(self, fn) -> float:
+        self.sync()
+        t = time.perf_counter()
+        fn()
+        self.sync()
+        return time.perf_counter() - t
+
+    def times(self, fn, warmup: int = 3) -> list[float]:
+        for _ in range(warmup):
+            fn()
+        est = max(self.once(fn), 1e-6)
+        reps = int(min(self.max_reps, max(5, self.budget_s / est)))
+        out = []
+        for _ in range(reps):
+            if self.cuda:
+                self.flush.zero_()
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                out.append((start, end))
+            else:
+                t = time.perf_counter()
+                fn()
+                out.append((time.perf_counter() - t) * 1e3)
+        if self.cuda:
+            torch.cuda.synchronize()
+            out = [s.elapsed_time(e) for s, e in out]
+        return out
 
 
-def _row(case, B, n, iters, method, ms, nbytes=None, **extra):
-    gbps = None if nbytes is None else nbytes / (ms * 1e-3) / 1e9
-    row = {"case": case, "B": B, "n": n, "iters": iters, "method": method, "ms": ms, "gbps": gbps}
+def _quantile(xs: list[float], q: float) -> float:
+    return float(torch.tensor(xs, dtype=torch.float64).quantile(q))
+
+
+def _row(case, method, times, nbytes=None, copy_gbps=None, peak_gbps=None, **extra):
+    med = _quantile(times, 0.5)
+    row = {
+        "case": case,
+        "method": method,
+        "ms": med,
+        "q01": _quantile(times, 0.01),
+        "q99": _quantile(times, 0.99),
+        "reps": len(times),
+    }
+    if nbytes is not None:
+        row["gbps"] = nbytes / (med * 1e-3) / 1e9
+        if copy_gbps:
+            row["pct_copy_same_bytes"] = 100 * row["gbps"] / copy_gbps
+        if peak_gbps:
+            row["pct_copy_peak"] = 100 * row["gbps"] / peak_gbps
     row.update(extra)
     ROWS.append(row)
-    bw = "" if gbps is None else f"{gbps:8.0f} GB/s"
+    bw = f"{row['gbps']:8.1f} GB/s" if "gbps" in row else ""
+    pct = f"{row['pct_copy_same_bytes']:5.1f}% copy" if "pct_copy_same_bytes" in row else ""
     more = " ".join(f"{k}={v}" for k, v in extra.items())
-    print(f"{case:10s} B={B:<9d} n={n} it={iters:<3d} {method:34s} {ms:10.4f} ms {bw} {more}")
-
-
-def _first_call(fn):
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return time.perf_counter() - t
-
-
-def bench_projection(sizes, sweep, baselines):
-    for B in sizes:
-        _bench_projection_size(B, sweep, baselines)
-        torch.cuda.empty_cache()
-
-
-# Candidates of the small path: (generator options (keep_a, prefetch, pair[, ckpt, ahead,
-# rowsum, colsum, unrolled]), launch config (matrices per program, warps[, maxnreg])). The
-# first of each list is the library default.
-FWD_CANDS = [
-    ((8, True, False), (256, 8)),
-    ((8, True, False), (128, 4)),
-    ((8, True, True), (256, 8)),
-    ((8, True, True), (128, 4)),
-]
-BWD_CANDS = [
-    (TUNING.mhc_small_bwd, sk_triton.SMALL_CONFIG["bwd"]),
-    ((9, True, False, 2, False, True, True), (64, 2, 128)),  # fully unrolled, colsum, keep_a 9
-    ((8, True, False, 2, False, True), (64, 2, 128)),  # no colsum, keep_a 8, ckpt 2
-    ((8, True, False), (64, 2)),
-]
-DEEPSEEK_BWD = ((8, True, False, 2, False, True), (64, 2))
-
-
-def _cand_name(variant, opts, cfg):
-    keep_a, _, pair, *more = opts
-    dflt = [1, False, False, False, None]
-    ckpt, ahead, rowsum, colsum, unrolled = (more + dflt[len(more) :])[:5]
-    if variant != "log":  # the checkpointing options apply to the log variant only
-        ckpt, ahead, rowsum, colsum, unrolled = dflt
-    extra = f"|keep{keep_a}" + ("|pair" if pair else "")
-    extra += (f"|ckpt{ckpt}" if ckpt > 1 else "") + ("|ahead" if ahead else "")
-    extra += ("|rowsum" if rowsum else "") + ("|colsum" if colsum else "")
-    extra += f"|unrolled{unrolled}" if unrolled is not None else ""
-    return f"triton_{variant}[{'x'.join(map(str, cfg))}{extra}]"
-
-
-def _with(opts, cfg_key, cfg, fn):
-    old_cfg = sk_triton.SMALL_CONFIG[cfg_key]
-    sk_triton.SMALL_CONFIG[cfg_key] = cfg
-    try:
-        with tuning.override(mhc_small_bwd=tuple(opts)):
-            return fn()
-    finally:
-        sk_triton.SMALL_CONFIG[cfg_key] = old_cfg
-
-
-def precompile(share, n_shares):
-    """Compiles this share of the candidate kernels (fills Triton's cache; run several at once
-    while the tests run: the unrolled backward takes ~20 s of CPU to compile)."""
-    jobs = [("fwd", v, o, c) for v in ("log",) for o, c in FWD_CANDS]
-    jobs += [("bwd", "log", o, c) for o, c in BWD_CANDS]
-    jobs += [("fwd", "deepseek", *FWD_CANDS[0]), ("bwd", "deepseek", *DEEPSEEK_BWD)]
-    m = torch.randn(4096, 4, 4, device="cuda")
-    for k, (kind, variant, opts, cfg) in enumerate(jobs):
-        if k % n_shares != share:
-            continue
-        if kind == "fwd":
-            _with(opts, "fwd", cfg, lambda v=variant: sk_triton.sk_forward_triton(m, 20, v, 1e-6))
-        else:
-            _with(
-                opts,
-                "bwd" if variant == "log" else "bwd_deepseek",
-                cfg,
-                lambda v=variant: sk_triton.sk_backward_triton(m, m, 20, v, 1e-6),
-            )
-    torch.cuda.synchronize()
-
-
-def _bench_projection_size(B, sweep, baselines):
-    n, iters = 4, 20
-    m = torch.randn(B, n, n, device="cuda") * 3
-    g = torch.randn(B, n, n, device="cuda")
-    # our kernels: generator options and launch configurations (FWD_CANDS, BWD_CANDS)
-    for variant in ("log", "deepseek"):
-        fwd_c = FWD_CANDS if sweep and variant == "log" else FWD_CANDS[:1]
-        bwd_c = BWD_CANDS if sweep else BWD_CANDS[:1]
-        bwd_c = bwd_c if variant == "log" else [DEEPSEEK_BWD]
-        bwd_key = "bwd" if variant == "log" else "bwd_deepseek"
-        for opts, cfg in fwd_c:
-            fn = lambda v=variant: sk_triton.sk_forward_triton(m, iters, v, 1e-6)  # noqa: E731
-            first = _with(opts, "fwd", cfg, lambda fn=fn: _first_call(fn))
-            ms = _with(opts, "fwd", cfg, lambda fn=fn: _bench(fn))
-            name = _cand_name(variant, opts, cfg)
-            _row("mhc_fwd", B, n, iters, name, ms, 128 * B, first_call_s=round(first, 2))
-        for opts, cfg in bwd_c:
-            fn = lambda v=variant: sk_triton.sk_backward_triton(m, g, iters, v, 1e-6)  # noqa: E731
-            first = _with(opts, bwd_key, cfg, lambda fn=fn: _first_call(fn))
-            ms = _with(opts, bwd_key, cfg, lambda fn=fn: _bench(fn))
-            name = _cand_name(variant, opts, cfg)
-            _row("mhc_bwd", B, n, iters, name, ms, 192 * B, first_call_s=round(first, 2))
-    # general path at n = 4 for comparison (one matrix per program)
-    fn = lambda: sk_triton.sk_forward_triton(m, iters, "log", 1e-6, "general")  # noqa: E731
-    _first_call(fn)
-    _row("mhc_fwd", B, n, iters, "triton_log_general_path", _bench(fn), 128 * B)
-    fn = lambda: sk_triton.sk_backward_triton(m, g, iters, "log", 1e-6, "general")  # noqa: E731
-    _first_call(fn)
-    _row("mhc_bwd", B, n, iters, "triton_log_general_path", _bench(fn), 192 * B)
-    if not baselines:
-        return
-    # PyTorch baselines: the plain loop, eager and torch.compile'd (no autograd graph).
-    plain = lambda t: sinkhorn_knopp_reference(t, iters, "log")  # noqa: E731
-    with torch.inference_mode():
-        _row("mhc_fwd", B, n, iters, "torch_eager_loop", _bench(lambda: plain(m), 5, 20), 128 * B)
-        compiled = torch.compile(plain)
-        first = _first_call(lambda: compiled(m))
-        _row(
-            "mhc_fwd",
-            B,
-            n,
-            iters,
-            "torch_compile_loop",
-            _bench(lambda: compiled(m), 5, 20),
-            128 * B,
-            first_call_s=round(first, 1),
-        )
-    if B <= 2**22:
-        mg = m.clone().requires_grad_(True)
-
-        def eager_fb():
-            p = plain(mg)
-            torch.autograd.grad(p, mg, g)
-
-        _row("mhc_bwd", B, n, iters, "torch_eager_loop_fwd+bwd", _bench(eager_fb, 5, 20), 192 * B)
-        cf = torch.compile(plain)
-
-        def compiled_fb():
-            p = cf(mg)
-            torch.autograd.grad(p, mg, g)
-
-        first = _first_call(compiled_fb)
-        _row(
-            "mhc_bwd",
-            B,
-            n,
-            iters,
-            "torch_compile_loop_fwd+bwd",
-            _bench(compiled_fb, 5, 20),
-            192 * B,
-            first_call_s=round(first, 1),
-        )
-
-
-LAYER_VARIANTS = {
-    # name: overrides of the layer's switches (TUNING fields or flashsinkhorn.mhc.layer's
-    # tile configurations); None = library default
-    "triton_tf32": None,
-    "triton_tf32[gemm reads phi]": {"mhc_gemm_phi_t": False},
-    "triton_tf32[dx 32x32x4w]": {"DX_CFG": (32, 32, 4)},
-    "triton_tf32[dphi 16x128x4w]": {"DPHI_CFG": (16, 128, 4, 4)},
-    "triton_tf32[unfused schedule]": {"mhc_fused_dx": False},
-}
-_LAYER_CFGS = ("DX_CFG", "DPHI_CFG")
-_LAYER_SWITCHES = ("mhc_fused_dx", "mhc_gemm_phi_t")
-
-
-def _layer_setup(spec):
-    from flashsinkhorn.mhc import layer as L
-
-    saved = {k: getattr(L, k) for k in _LAYER_CFGS}
-    saved.update({k: getattr(TUNING, k) for k in _LAYER_SWITCHES})
-    for k, v in (spec or {}).items():
-        setattr(L if k in _LAYER_CFGS else TUNING, k, v)
-    return saved
-
-
-def _layer_restore(saved):
-    from flashsinkhorn.mhc import layer as L
-
-    for k, v in saved.items():
-        setattr(L if k in _LAYER_CFGS else TUNING, k, v)
-
-
-def bench_layer(tokens, C, n=4, iters=20, out=None, sweep=True):
-    torch.manual_seed(0)
-    x = torch.randn(tokens, n, C, device="cuda")
-    gout = torch.randn(tokens, n, C, device="cuda")
-    tf32 = HyperConnection(C, n, n_iters=iters, gemm_precision="tf32").cuda()
-    ieee = HyperConnection(C, n, n_iters=iters, gemm_precision="ieee").cuda()
-    ieee.load_state_dict(tf32.state_dict())
-    ref = HyperConnectionReference(C, n, n_iters=iters).cuda()
-    ref.load_state_dict(tf32.state_dict())
-    runs = [("torch_reference", ref, None)]
-    for name, spec in LAYER_VARIANTS.items():
-        if sweep or spec is None:
-            runs.append((name, tf32, spec))
-    runs.append(("triton_ieee", ieee, None))
-    # Traffic of both backward schedules (docs/performance.md, mHC): fwd 4.5 passes over X-sized
-    # data, bwd 8 (X-sized = T·n·C·4 bytes).
-    xb = tokens * n * C * 4
-    for name, mod, spec in runs:
-        saved = _layer_setup(spec)
-        xr = x.clone().requires_grad_(True)
-        params = list(mod.parameters())
-
-        def fwd(mod=mod, xr=xr):
-            with torch.no_grad():
-                mod(xr)
-
-        def fwd_bwd(mod=mod, xr=xr, params=params):
-            o = mod(xr)
-            torch.autograd.grad(o, [xr, *params], gout)
-
-        try:
-            first = _first_call(fwd_bwd)
-            torch.cuda.reset_peak_memory_stats()
-            ms_fb = _bench(fwd_bwd, 20, 150)
-            peak = torch.cuda.max_memory_allocated() / 2**30
-            ms_f = _bench(fwd, 10, 60)
-        finally:
-            _layer_restore(saved)
-        passes = 12.5
-        _row("mhc_layer", tokens, n, iters, f"{name}_fwd", ms_f, int(4.5 * xb), C=C)
-        _row(
-            "mhc_layer",
-            tokens,
-            n,
-            iters,
-            f"{name}_fwd+bwd",
-            ms_fb,
-            int(passes * xb),
-            C=C,
-            peak_gib=round(peak, 2),
-            first_call_s=round(first, 2),
-        )
-    by = {r["method"]: r["ms"] for r in ROWS if r["case"] == "mhc_layer"}
-    for name, _, _ in runs[1:]:
-        ratio = by["torch_reference_fwd+bwd"] / by[f"{name}_fwd+bwd"]
-        print(f"layer fwd+bwd speed-up vs the PyTorch reference ({name}): {ratio:.2f}x")
-    # where the time goes: per-kernel CUDA time of the default tf32 layer, 3 fwd+bwd
-    try:
-        _layer_profile(tf32, x, gout, out)
-    except Exception as e:  # noqa: BLE001 - the profile is a diagnostic, never fatal
-        print("layer profile failed:", e)
-
-
-def _layer_profile(mod, x, gout, out):
-    from torch.profiler import ProfilerActivity, profile
-
-    xr = x.clone().requires_grad_(True)
-    params = list(mod.parameters())
-    o = mod(xr)
-    torch.autograd.grad(o, [xr, *params], gout)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            o = mod(xr)
-            torch.autograd.grad(o, [xr, *params], gout)
-        torch.cuda.synchronize()
-    table = prof.key_averages().table(
-        sort_by="cuda_time_total", row_limit=14, max_name_column_width=40
+    print(
+        f"{case:14s} {method:36s} {med:10.4f} ms [{row['q01']:.4f}, {row['q99']:.4f}] "
+        f"{bw} {pct} {more}",
+        flush=True,
     )
-    print(table)
-    if out:
-        with open(os.path.join(out, "mhc_layer_profile.txt"), "w") as fh:
-            fh.write(table)
+    return row
 
 
-def _summary():
-    """Short table, printed last: fastest rows of each (case, B) and the layer rows."""
-    print("\n==== summary (ms; GB/s at the counted bytes) ====")
-    groups = {}
-    for r in ROWS:
-        groups.setdefault((r["case"], r["B"]), []).append(r)
-    for (case, B), rows in groups.items():
-        keep = rows if case == "mhc_layer" else sorted(rows, key=lambda r: r["ms"])[:4]
-        for r in keep:
-            bw = "" if r["gbps"] is None else f"{r['gbps']:7.0f}"
-            print(f"{case:9s} B={B:<9d} {r['method']:44s} {r['ms']:9.4f} {bw}")
+def _error(case, method, e):
+    ROWS.append({"case": case, "method": method, "error": f"{type(e).__name__}: {e}"[:2000]})
+    print(f"{case:14s} {method:36s} FAILED: {type(e).__name__}: {str(e)[:300]}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Projection sweep
+# ---------------------------------------------------------------------------------------------
+
+
+def _copy_gbps(timer, nbytes, device):
+    src = torch.empty(max(1, nbytes // 8), dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    t = timer.times(lambda: dst.copy_(src))
+    return 2 * src.numel() * 4 / (_quantile(t, 0.5) * 1e-3) / 1e9
+
+
+def _projection_methods(device, use_triton, compile_backend, eager_max):
+    """(name, kind, dtype, fn(m, g) -> callable, max B). kind: fwd, bwd (gradient alone) or
+    fwd+bwd."""
+    plain = lambda t: sinkhorn_knopp_reference(t, ITERS, "log")  # noqa: E731
+    compiled = torch.compile(plain, backend=compile_backend, dynamic=True)
+    out = []
+    if use_triton:
+        from flashsinkhorn.mhc import sk_triton as SKT
+
+        def call(m, g):
+            return lambda: sinkhorn_knopp(m, ITERS, check_finite=False)
+
+        def kernel(m, g):
+            return lambda: SKT.sk_forward_triton(m, ITERS, "log", 0.0)
+
+        def previous_call(m, g):
+            # the per-call path before the validation cache: validate, then the custom op
+            def run():
+                S._validate(m, ITERS, "log", 1e-6, "auto", False)
+                S._sk_op(m, ITERS, "log", 0.0, "triton")
+
+            return run
+
+        def general(m, g):
+            return lambda: SKT.sk_forward_triton(m, ITERS, "log", 0.0, "general")
+
+        def pairing(flag):
+            # the forward with the other reciprocal scheme than the default for this dtype
+            def make(m, g):
+                def run():
+                    old = dict(SKT.SMALL_FWD_PAIR)
+                    SKT.SMALL_FWD_PAIR[m.dtype] = flag
+                    try:
+                        SKT.sk_forward_triton(m, ITERS, "log", 0.0)
+                    finally:
+                        SKT.SMALL_FWD_PAIR.update(old)
+
+                return run
+
+            return make
+
+        def bwd_kernel(m, g):
+            return lambda: SKT.sk_backward_triton(m, g, ITERS, "log", 0.0)
+
+        def call_fb(m, g):
+            x = m.clone().requires_grad_(True)
+            return lambda: torch.autograd.grad(sinkhorn_knopp(x, ITERS, check_finite=False), x, g)
+
+        out += [
+            ("ours: sinkhorn_knopp call", "fwd", torch.float32, call, None),
+            ("ours: kernel launch only", "fwd", torch.float32, kernel, None),
+            ("ours: validate + custom op (previous)", "fwd", torch.float32, previous_call, None),
+            ("ours: sinkhorn_knopp call", "fwd", torch.bfloat16, call, None),
+            ("ours: kernel, unpaired rcp", "fwd", torch.bfloat16, pairing(False), None),
+            ("ours: kernel, paired rcp", "fwd", torch.float32, pairing(True), None),
+            ("ours: general path (1 matrix/program)", "fwd", torch.float32, general, 2**24),
+            ("ours: backward kernel", "bwd", torch.float32, bwd_kernel, None),
+            ("ours: sinkhorn_knopp call", "fwd+bwd", torch.float32, call_fb, None),
+        ]
+    else:
+
+        def torch_call(m, g):
+            return lambda: sinkhorn_knopp(m, ITERS, backend="torch", check_finite=False)
+
+        out.append(("ours: torch backend call", "fwd", torch.float32, torch_call, None))
+
+    def eager(m, g):
+        return torch.inference_mode()(lambda: plain(m))
+
+    def comp(m, g):
+        return torch.inference_mode()(lambda: compiled(m))
+
+    def comp_fb(m, g):
+        x = m.clone().requires_grad_(True)
+        return lambda: torch.autograd.grad(compiled(x), x, g)
+
+    out += [
+        ("torch loop, eager", "fwd", torch.float32, eager, eager_max),
+        (f"torch loop, torch.compile ({compile_backend})", "fwd", torch.float32, comp, None),
+        (
+            f"torch loop, torch.compile ({compile_backend})",
+            "fwd+bwd",
+            torch.float32,
+            comp_fb,
+            2**22,
+        ),
+    ]
+    return out
+
+
+def bench_projection(sizes, device, timer, compile_backend):
+    # the interpreter would take minutes at these sizes: Triton rows on the GPU only
+    use_triton = device == "cuda"
+    eager_max = 2**22 if device == "cuda" else max(sizes)
+    methods = _projection_methods(device, use_triton, compile_backend, eager_max)
+    copies = {}
+    for B in sizes:
+        copies[B] = _copy_gbps(timer, 128 * B, device)
+    peak = max(copies.values())
+    for B in sizes:
+        _row(
+            f"copy B={B}",
+            "device copy, same bytes as fwd",
+            [128 * B / copies[B] / 1e6],
+            128 * B,
+            copies[B],
+            peak,
+            B=B,
+        )
+        gen = torch.Generator(device=device).manual_seed(B % 1000)
+        m32 = torch.randn(B, N, N, device=device, generator=gen) * 3
+        g = torch.randn(B, N, N, device=device, generator=gen)
+        for name, kind, dt, make, bmax in methods:
+            if bmax is not None and B > bmax:
+                continue
+            m = m32.to(dt)
+            try:
+                fn = make(m, g)
+                first = timer.once(fn)
+                times = timer.times(fn)
+            except Exception as e:  # noqa: BLE001 - one failing method must not end the run
+                _error(f"proj_{kind} B={B}", f"{name} [{str(dt)[6:]}]", e)
+                continue
+            esize = 2 if dt == torch.bfloat16 else 4
+            per = {"fwd": 32, "bwd": 48, "fwd+bwd": 80}[kind] * esize
+            _row(
+                f"proj_{kind} B={B}",
+                f"{name} [{str(dt)[6:]}]",
+                times,
+                per * B,
+                copies[B],
+                peak,
+                B=B,
+                dtype=str(dt)[6:],
+                kind=kind,
+                first_call_s=round(first, 3),
+            )
+            del fn
+        if device == "cuda":
+            torch.cuda.empty_cache()
+
+
+def bench_host(device, timer):
+    """Host time per call at B = 1: back-to-back calls without synchronisation; the GPU runs
+    each tiny kernel faster than the host issues the next, so wall time / calls is the host
+    cost of a call (validation cached, launch included)."""
+    m = torch.randn(1, N, N, device=device)
+    x = m.clone().requires_grad_(True)
+    calls = [
+        ("sinkhorn_knopp, fp32", lambda: sinkhorn_knopp(m, ITERS, check_finite=False)),
+        ("sinkhorn_knopp, bf16", lambda: sinkhorn_knopp(m16, ITERS, check_finite=False)),
+        ("sinkhorn_knopp, fp32, autograd", lambda: sinkhorn_knopp(x, ITERS, check_finite=False)),
+        ("sinkhorn_knopp, check_finite=True", lambda: sinkhorn_knopp(m, ITERS)),
+    ]
+    m16 = m.to(torch.bfloat16)
+    if device == "cuda":
+        from flashsinkhorn.mhc import sk_triton as SKT
+
+        calls.append(
+            ("sk_forward_triton (launch only)", lambda: SKT.sk_forward_triton(m, ITERS, "log", 0.0))
+        )
+
+        def previous():
+            S._validate(m, ITERS, "log", 1e-6, "auto", False)
+            S._sk_op(m, ITERS, "log", 0.0, "triton")
+
+        calls.append(("validate + custom op (previous path)", previous))
+    k = 2000 if device == "cuda" else 200
+    for name, fn in calls:
+        for _ in range(50):
+            fn()
+        timer.sync()
+        best = []
+        for _ in range(5):
+            t = time.perf_counter()
+            for _ in range(k):
+                fn()
+            best.append((time.perf_counter() - t) / k * 1e3)
+            timer.sync()
+        _row("host B=1", name, best, us_per_call=round(min(best) * 1e3, 2))
+
+
+# ---------------------------------------------------------------------------------------------
+# Layer
+# ---------------------------------------------------------------------------------------------
+
+
+def bench_layer(tokens, C, device, timer, compile_backend, dtypes, use_triton):
+    torch.manual_seed(0)
+    backend = "auto" if use_triton else "torch"
+    ours = HyperConnection(C, N, n_iters=ITERS, backend=backend).to(device)
+    ref = HyperConnectionReference(C, N, n_iters=ITERS).to(device)
+    ref.load_state_dict(ours.state_dict())
+    cb = compile_backend
+    mods = [
+        ("reference, eager", ref),
+        (f"reference, torch.compile ({compile_backend})", torch.compile(ref, backend=cb)),
+        ("ours, eager", ours),
+        (
+            f"ours, torch.compile ({compile_backend})",
+            torch.compile(ours, backend=cb, fullgraph=True),
+        ),
+    ]
+    for dt in dtypes:
+        x = torch.randn(tokens, N, C, device=device).to(dt)
+        gout = torch.randn(tokens, N, C, device=device).to(dt)
+        xb = tokens * N * C * x.element_size()
+        by = {}
+        for name, mod in mods:
+            xr = x.clone().requires_grad_(True)
+            params = list(ours.parameters() if "ours" in name else ref.parameters())
+
+            def fwd(mod=mod, x=x):
+                with torch.no_grad():
+                    mod(x)
+
+            def fwd_bwd(mod=mod, xr=xr, params=params, gout=gout):
+                torch.autograd.grad(mod(xr), [xr, *params], gout)
+
+            tag = str(dt)[6:]
+            try:
+                first = timer.once(fwd_bwd)
+                timer.once(fwd)
+                if device == "cuda":
+                    torch.cuda.reset_peak_memory_stats()
+                t_fb = timer.times(fwd_bwd)
+                peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
+                t_f = timer.times(fwd)
+            except Exception as e:  # noqa: BLE001 - one failing method must not end the run
+                _error(f"layer_fwd+bwd {tag}", name, e)
+                continue
+            _row(f"layer_fwd {tag}", name, t_f, int(4.5 * xb), T=tokens, C=C)
+            row = _row(
+                f"layer_fwd+bwd {tag}",
+                name,
+                t_fb,
+                int(12.5 * xb),
+                T=tokens,
+                C=C,
+                peak_gib=None if peak is None else round(peak, 2),
+                first_call_s=round(first, 2),
+            )
+            by[name] = row["ms"]
+            del xr
+            if device == "cuda":
+                torch.cuda.empty_cache()
+        base = by.get("reference, eager")
+        for name, ms in by.items() if base else ():
+            print(f"layer fwd+bwd {str(dt)[6:]}: {name}: {base / ms:.2f}x the eager reference")
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--skip-layer", action="store_true")
-    ap.add_argument("--layer-only", action="store_true", help="skip the projection benchmark")
-    ap.add_argument("--precompile", default=None, help="I/N: compile share I of N candidates")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes (CPU smoke test)")
+    ap.add_argument("--out", default=None, help="folder for the JSON (default bench/results)")
+    ap.add_argument("--only", choices=("projection", "layer"), default=None)
+    ap.add_argument("--max-log2", type=int, default=24, help="largest B of the sweep, log2")
+    ap.add_argument(
+        "--compile-backend",
+        default=None,
+        help="torch.compile backend (inductor; aot_eager on a CPU)",
+    )
     args = ap.parse_args()
-    if args.precompile:
-        i, k = map(int, args.precompile.split("/"))
-        precompile(i, k)
-        return
-    name = torch.cuda.get_device_name()
-    m = re.search(r"(H100|H200|A100|L40S|B200|GH200)", name)
-    gpu = m.group(1).lower() if m else re.sub(r"\W+", "_", name).lower()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    backend = args.compile_backend or ("inductor" if device == "cuda" else "aot_eager")
+    if device == "cpu":
+        torch.set_num_threads(1)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    timer = Timer(device, budget_s=0.1 if args.quick else 0.5)
     if args.quick:
-        bench_projection([2**14], sweep=False, baselines=True)
-        if not args.skip_layer:
-            bench_layer(512, 256, out=args.out, sweep=False)
+        sizes = [1, 64, 1024]
+        tokens, C = 2 * 64, 64
     else:
-        if not args.layer_only:
-            bench_projection([2**20, 2**24], sweep=True, baselines=True)
-        if not args.skip_layer:
-            bench_layer(16 * 2048, 4096, out=args.out)
-    _summary()
-    res = {"device": name, "torch": torch.__version__, "triton": triton.__version__, "rows": ROWS}
-    outs = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")]
-    if args.out:
-        outs.append(args.out)
-    for d in outs:
-        os.makedirs(d, exist_ok=True)
-        suffix = "_quick" if args.quick else ""
-        with open(os.path.join(d, f"mhc_{gpu}{suffix}.json"), "w") as f:
-            json.dump(res, f, indent=1)
+        sizes = [4**k for k in range(args.max_log2 // 2 + 1)]
+        if sizes[-1] != 2**args.max_log2:
+            sizes.append(2**args.max_log2)
+        tokens, C = 16 * 2048, 4096
+    if args.only != "layer":
+        bench_host(device, timer)
+        bench_projection(sizes, device, timer, backend)
+    if args.only != "projection":
+        dts = [torch.float32, torch.bfloat16]
+        bench_layer(tokens, C, device, timer, backend, dts, device == "cuda")
+    if device == "cuda":
+        name = torch.cuda.get_device_name()
+        m = re.search(r"(H100|H200|A100|L40S|B200|GH200)", name)
+        gpu = m.group(1).lower() if m else re.sub(r"\W+", "_", name).lower()
+    else:
+        name, gpu = "cpu", "cpu"
+    import triton
+
+    res = {
+        "device": name,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "compile_backend": backend,
+        "rows": ROWS,
+    }
+    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+    os.makedirs(out, exist_ok=True)
+    suffix = ("_quick" if args.quick else "") + (f"_{args.only}" if args.only else "")
+    path = os.path.join(out, f"mhc_{gpu}{suffix}.json")
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+    print("wrote", path)
 
 
 if __name__ == "__main__":

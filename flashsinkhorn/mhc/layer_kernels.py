@@ -86,8 +86,10 @@ def _hc_finalize_kernel(
     rms_eps,
     BM: tl.constexpr,
     NP: tl.constexpr,
+    SOFTMAX: tl.constexpr = False,
 ):
-    # Sum of the split-K partials fused with r, alpha, bias and the activations.
+    # Sum of the split-K partials fused with r, alpha, bias and the activations (H_pre: sigmoid,
+    # or with SOFTMAX a softmax over the n streams).
     i_m = tl.program_id(0)
     o_m = i_m * BM + tl.arange(0, BM)
     m_m = o_m < T
@@ -107,7 +109,12 @@ def _hc_finalize_kernel(
     b_bias = tl.load(p_bias + o_n, mask=m_n, other=0.0).to(tl.float32)
     b_z = b_alpha[None, :] * b_y / b_r[:, None] + b_bias[None, :]
     b_sig = 1.0 / (1.0 + tl.exp2(-b_z * 1.4426950408889634))
-    b_act = tl.where((o_n < n)[None, :], b_sig, 2.0 * b_sig)
+    is_pre = (o_n < n)[None, :]
+    b_act = tl.where(is_pre, b_sig, 2.0 * b_sig)
+    if SOFTMAX:
+        b_zp = tl.where(is_pre, b_z, -float("inf"))
+        b_e = tl.exp2((b_zp - tl.max(b_zp, 1)[:, None]) * 1.4426950408889634)
+        b_act = tl.where(is_pre, b_e / tl.sum(b_e, 1)[:, None], b_act)
     m_2d = m_m[:, None] & m_n[None, :]
     tl.store(p_yraw + o_m[:, None].to(tl.int64) * NP + o_n[None, :], b_y, mask=m_m[:, None])
     tl.store(p_r + o_m, b_r, mask=m_m)
@@ -136,8 +143,20 @@ def _hc_premix_kernel(p_x, p_coef, p_u, n, C, NS: tl.constexpr, BC: tl.constexpr
 
 
 @triton.jit
-def _hc_residual_kernel(p_x, p_f, p_coef, p_hres, p_out, n, C, NS: tl.constexpr, BC: tl.constexpr):
+def _hc_residual_kernel(
+    p_x,
+    p_f,
+    p_coef,
+    p_hres,
+    p_out,
+    n,
+    C,
+    NS: tl.constexpr,
+    BC: tl.constexpr,
+    MIX: tl.constexpr = True,
+):
     # X_next[i, c] = Σ_j H_res[i, j]·X[j, c] + H_post[i]·F[c]: X read once, X_next written once.
+    # Without MIX, H_res is the identity (X is an already mixed residual).
     i_t = tl.program_id(0).to(tl.int64)
     i_c = tl.program_id(1)
     o_i = tl.arange(0, NS)
@@ -148,13 +167,16 @@ def _hc_residual_kernel(p_x, p_f, p_coef, p_hres, p_out, n, C, NS: tl.constexpr,
     p_xt = p_x + i_t * n * C + o_i[:, None] * C + o_c[None, :]
     b_x = tl.load(p_xt, mask=m_ic, other=0.0).to(tl.float32)
     b_f = tl.load(p_f + i_t * C + o_c, mask=m_c, other=0.0).to(tl.float32)
-    b_h = tl.load(
-        p_hres + i_t * n * n + o_i[:, None] * n + o_i[None, :],
-        mask=m_i[:, None] & m_i[None, :],
-        other=0.0,
-    ).to(tl.float32)
     b_post = tl.load(p_coef + i_t * 2 * n + n + o_i, mask=m_i, other=0.0)
-    b_o = tl.sum(b_h[:, :, None] * b_x[None, :, :], 1) + b_post[:, None] * b_f[None, :]
+    if MIX:
+        b_h = tl.load(
+            p_hres + i_t * n * n + o_i[:, None] * n + o_i[None, :],
+            mask=m_i[:, None] & m_i[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        b_o = tl.sum(b_h[:, :, None] * b_x[None, :, :], 1) + b_post[:, None] * b_f[None, :]
+    else:
+        b_o = b_x + b_post[:, None] * b_f[None, :]
     p_o = p_out + i_t * n * C + o_i[:, None] * C + o_c[None, :]
     tl.store(p_o, b_o.to(p_out.dtype.element_ty), mask=m_ic)
 
@@ -175,16 +197,19 @@ def _hc_residual_bwd_kernel(
     NS: tl.constexpr,
     BC: tl.constexpr,
     WRITE_DX: tl.constexpr = True,
+    MIX: tl.constexpr = True,
 ):
     # One token per program; dH_post and dH_res reduce over C in registers. With WRITE_DX off
-    # the H_resᵀ·dX_next part of dX is left to _hc_dx_kernel.
+    # the H_resᵀ·dX_next part of dX is left to _hc_dx_kernel. Without MIX (identity H_res) there
+    # is no dH_res, and dX is dX_next itself (the caller uses it as is).
     i_t = tl.program_id(0).to(tl.int64)
     o_i = tl.arange(0, NS)
     m_i = o_i < n
     m_ii = m_i[:, None] & m_i[None, :]
-    b_h = tl.load(p_hres + i_t * n * n + o_i[:, None] * n + o_i[None, :], mask=m_ii, other=0.0).to(
-        tl.float32
-    )
+    if MIX:
+        b_h = tl.load(
+            p_hres + i_t * n * n + o_i[:, None] * n + o_i[None, :], mask=m_ii, other=0.0
+        ).to(tl.float32)
     b_post = tl.load(p_coef + i_t * 2 * n + n + o_i, mask=m_i, other=0.0)
     b_dpost = tl.zeros((NS,), tl.float32)
     b_dh = tl.zeros((NS, NS), tl.float32)
@@ -194,18 +219,20 @@ def _hc_residual_bwd_kernel(
         m_ic = m_i[:, None] & m_c[None, :]
         o_ic = i_t * n * C + o_i[:, None] * C + o_c[None, :]
         b_do = tl.load(p_do + o_ic, mask=m_ic, other=0.0).to(tl.float32)
-        b_x = tl.load(p_x + o_ic, mask=m_ic, other=0.0).to(tl.float32)
         b_f = tl.load(p_f + i_t * C + o_c, mask=m_c, other=0.0).to(tl.float32)
-        if WRITE_DX:
+        if WRITE_DX and MIX:
             # dX[j] = Σ_i H_res[i, j]·dX_next[i]
             b_dx = tl.sum(b_h[:, :, None] * b_do[:, None, :], 0)
             tl.store(p_dx + o_ic, b_dx.to(p_dx.dtype.element_ty), mask=m_ic)
         b_df = tl.sum(b_post[:, None] * b_do, 0)
         tl.store(p_df + i_t * C + o_c, b_df.to(p_df.dtype.element_ty), mask=m_c)
         b_dpost += tl.sum(b_do * b_f[None, :], 1)
-        b_dh += tl.sum(b_do[:, None, :] * b_x[None, :, :], 2)
+        if MIX:
+            b_x = tl.load(p_x + o_ic, mask=m_ic, other=0.0).to(tl.float32)
+            b_dh += tl.sum(b_do[:, None, :] * b_x[None, :, :], 2)
     tl.store(p_dpost + i_t * n + o_i, b_dpost, mask=m_i)
-    tl.store(p_dhres + i_t * n * n + o_i[:, None] * n + o_i[None, :], b_dh, mask=m_ii)
+    if MIX:
+        tl.store(p_dhres + i_t * n * n + o_i[:, None] * n + o_i[None, :], b_dh, mask=m_ii)
 
 
 @triton.jit
@@ -323,7 +350,10 @@ def _hc_dx_kernel(
     NS: tl.constexpr,
     NP: tl.constexpr,
     PREC: tl.constexpr,
+    HAS_DOUT: tl.constexpr = True,
+    HAS_DU: tl.constexpr = True,
 ):
+    # Without HAS_DOUT / HAS_DU (coefficients only, no mixing) the first two terms are absent.
     # dX = H_resᵀ·dX_next + H_pre[j]·du + dh·φᵀ + ρ·x for BM tokens × channels [c0, c0 + BC) of
     # every stream (columns kk = j·BC + c ↔ K-index j·C + c0 + c), one tile per program: the
     # residual part is computed here from dX_next, so dX_res never goes through HBM. dφ is left
@@ -346,15 +376,18 @@ def _hc_dx_kernel(
     o_t = o_m[:, None].to(tl.int64)
     o_mk = o_t * K + o_k[None, :]
     b_x = tl.load(p_x + o_mk, mask=m_mk, other=0.0).to(tl.float32)
-    b_du = tl.load(p_du + o_t * C + o_cc[None, :], mask=m_mk, other=0.0).to(tl.float32)
-    b_hp = tl.load(p_coef + o_t * (2 * n) + o_s[None, :], mask=m_ms, other=0.0)
     b_rc = tl.load(p_rcoef + o_m, mask=m_m, other=0.0)
-    b_dx = _widen(b_hp, BM, NS, BC) * b_du + b_rc[:, None] * b_x
-    for i in range(n):
-        # dX[j] += H_res[i, j]·dX_next[i] (the dX_next tile of stream i feeds every j: L1 hits)
-        b_do = tl.load(p_dout + o_t * K + i * C + o_cc[None, :], mask=m_mk, other=0.0)
-        b_h = tl.load(p_hres + o_t * (n * n) + i * n + o_s[None, :], mask=m_ms, other=0.0)
-        b_dx += _widen(b_h.to(tl.float32), BM, NS, BC) * b_do.to(tl.float32)
+    b_dx = b_rc[:, None] * b_x
+    if HAS_DU:
+        b_du = tl.load(p_du + o_t * C + o_cc[None, :], mask=m_mk, other=0.0).to(tl.float32)
+        b_hp = tl.load(p_coef + o_t * (2 * n) + o_s[None, :], mask=m_ms, other=0.0)
+        b_dx += _widen(b_hp, BM, NS, BC) * b_du
+    if HAS_DOUT:
+        for i in range(n):
+            # dX[j] += H_res[i, j]·dX_next[i] (the dX_next tile of stream i feeds every j)
+            b_do = tl.load(p_dout + o_t * K + i * C + o_cc[None, :], mask=m_mk, other=0.0)
+            b_h = tl.load(p_hres + o_t * (n * n) + i * n + o_s[None, :], mask=m_ms, other=0.0)
+            b_dx += _widen(b_h.to(tl.float32), BM, NS, BC) * b_do.to(tl.float32)
     b_wt = tl.load(
         p_phi + o_k[None, :].to(tl.int64) * N + o_n[:, None],
         mask=m_kk[None, :] & m_n[:, None],
@@ -404,3 +437,96 @@ def _hc_dphi_kernel(
         b_acc += tl.dot(b_dyt, b_x, input_precision=PREC)
     p_o = p_dphi + i_s.to(tl.int64) * K * NP + o_k[None, :].to(tl.int64) * NP + o_n[:, None]
     tl.store(p_o, b_acc, mask=m_k[None, :])
+
+
+@triton.jit
+def _hc_stream_mix_kernel(
+    p_x,
+    p_hpre,
+    s_hp,
+    p_hres,
+    p_u,
+    p_r,
+    n,
+    C,
+    NS: tl.constexpr,
+    BC: tl.constexpr,
+    WRITE_R: tl.constexpr,
+):
+    # u = Σ_i H_pre[i]·X[i] and R[i] = Σ_j H_res[i, j]·X[j] from one read of X (H_pre rows at
+    # stride s_hp: the layer's (T, 2n) coefficient buffer or a (T, n) tensor).
+    i_t = tl.program_id(0).to(tl.int64)
+    i_c = tl.program_id(1)
+    o_i = tl.arange(0, NS)
+    m_i = o_i < n
+    o_c = i_c * BC + tl.arange(0, BC)
+    m_c = o_c < C
+    m_ic = m_i[:, None] & m_c[None, :]
+    o_ic = i_t * n * C + o_i[:, None] * C + o_c[None, :]
+    b_x = tl.load(p_x + o_ic, mask=m_ic, other=0.0).to(tl.float32)
+    b_hp = tl.load(p_hpre + i_t * s_hp + o_i, mask=m_i, other=0.0).to(tl.float32)
+    b_u = tl.sum(b_hp[:, None] * b_x, 0)
+    tl.store(p_u + i_t * C + o_c, b_u.to(p_u.dtype.element_ty), mask=m_c)
+    if WRITE_R:
+        b_h = tl.load(
+            p_hres + i_t * n * n + o_i[:, None] * n + o_i[None, :],
+            mask=m_i[:, None] & m_i[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        b_r = tl.sum(b_h[:, :, None] * b_x[None, :, :], 1)
+        tl.store(p_r + o_ic, b_r.to(p_r.dtype.element_ty), mask=m_ic)
+
+
+@triton.jit
+def _hc_stream_mix_bwd_kernel(
+    p_du,
+    p_dr,
+    p_x,
+    p_hpre,
+    s_hp,
+    p_hres,
+    p_dx,
+    p_dpre,
+    p_dhres,
+    n,
+    C,
+    NS: tl.constexpr,
+    BC: tl.constexpr,
+    HAS_DU: tl.constexpr,
+    HAS_DR: tl.constexpr,
+    DHRES: tl.constexpr,
+):
+    # Backward of _hc_stream_mix_kernel, one token per program: dX[j] = H_pre[j]·du +
+    # Σ_i H_res[i, j]·dR[i], dH_pre[j] = Σ_c du·X[j], dH_res[i, j] = Σ_c dR[i]·X[j] (DHRES).
+    # The layer's static mode passes dX_next as dR and takes dH_res from the residual backward.
+    i_t = tl.program_id(0).to(tl.int64)
+    o_i = tl.arange(0, NS)
+    m_i = o_i < n
+    m_ii = m_i[:, None] & m_i[None, :]
+    b_hp = tl.load(p_hpre + i_t * s_hp + o_i, mask=m_i, other=0.0).to(tl.float32)
+    if HAS_DR:
+        b_h = tl.load(
+            p_hres + i_t * n * n + o_i[:, None] * n + o_i[None, :], mask=m_ii, other=0.0
+        ).to(tl.float32)
+    b_dpre = tl.zeros((NS,), tl.float32)
+    b_dh = tl.zeros((NS, NS), tl.float32)
+    for c0 in range(0, C, BC):
+        o_c = c0 + tl.arange(0, BC)
+        m_c = o_c < C
+        m_ic = m_i[:, None] & m_c[None, :]
+        o_ic = i_t * n * C + o_i[:, None] * C + o_c[None, :]
+        b_x = tl.load(p_x + o_ic, mask=m_ic, other=0.0).to(tl.float32)
+        b_dx = tl.zeros((NS, BC), tl.float32)
+        if HAS_DU:
+            b_du = tl.load(p_du + i_t * C + o_c, mask=m_c, other=0.0).to(tl.float32)
+            b_dx += b_hp[:, None] * b_du[None, :]
+            b_dpre += tl.sum(b_x * b_du[None, :], 1)
+        if HAS_DR:
+            b_dr = tl.load(p_dr + o_ic, mask=m_ic, other=0.0).to(tl.float32)
+            b_dx += tl.sum(b_h[:, :, None] * b_dr[:, None, :], 0)
+            if DHRES:
+                b_dh += tl.sum(b_dr[:, None, :] * b_x[None, :, :], 2)
+        tl.store(p_dx + o_ic, b_dx.to(p_dx.dtype.element_ty), mask=m_ic)
+    tl.store(p_dpre + i_t * n + o_i, b_dpre, mask=m_i)
+    if DHRES:
+        tl.store(p_dhres + i_t * n * n + o_i[:, None] * n + o_i[None, :], b_dh, mask=m_ii)

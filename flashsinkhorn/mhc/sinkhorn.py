@@ -1,17 +1,21 @@
 """Public entry point of the batched small-matrix Sinkhorn–Knopp projection.
 
-``sinkhorn_knopp`` validates, picks a backend and calls the custom op
-``flashsinkhorn::mhc_sinkhorn`` (forward) whose autograd formula is the custom op
-``flashsinkhorn::mhc_sinkhorn_backward``; both have fake (meta) implementations so that the
-projection can be traced by ``torch.compile`` without graph breaks.
+``sinkhorn_knopp`` validates and picks a backend, once per call signature (``_plan``). While
+``torch.compile`` traces, it calls the custom op ``flashsinkhorn::mhc_sinkhorn`` (forward)
+whose autograd formula is the custom op ``flashsinkhorn::mhc_sinkhorn_backward``; both have
+fake (meta) implementations, so the projection is traced without graph breaks. Eager calls run
+the same forward and backward without the custom op's dispatch: directly without autograd,
+through ``_SKFunction`` with it.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .. import _validation as V
 from ..backends import triton_available
@@ -27,19 +31,42 @@ _HAS_TRITON = triton_available()
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
+class _OnFirstUse:
+    """A module of Triton kernels, imported when first used: the torch path (and a machine
+    without Triton) never imports Triton."""
+
+    def __init__(self, name: str):
+        self._name, self._module = name, None
+
+    def __getattr__(self, attr: str):
+        if self._module is None:
+            self._module = importlib.import_module(self._name, __package__)
+        value = getattr(self._module, attr)
+        # later lookups find the attribute on the instance (no __getattr__ call); the
+        # functions and kernels looked up this way are never rebound in their module
+        setattr(self, attr, value)
+        return value
+
+
+_SK = _OnFirstUse(".sk_triton")
+
+
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _run_forward(x: torch.Tensor, n_iters: int, variant: str, eps: float, backend: str):
+    if backend == "triton":
+        if x.dim() == 3 and x.is_contiguous():
+            # the common case without a reshape or a view (each ≈ 1-2 µs of host time)
+            return _SK.sk_forward_triton(x, n_iters, variant, eps)
+        n = x.shape[-1]
+        return _SK.sk_forward_triton(x.reshape(-1, n, n).contiguous(), n_iters, variant, eps).view(
+            x.shape
+        )
     n = x.shape[-1]
     flat = x.reshape(-1, n, n)
-    if backend == "triton":
-        from .sk_triton import sk_forward_triton
-
-        out = sk_forward_triton(flat.contiguous(), n_iters, variant, eps)
-    else:
-        out = sk_forward_torch(flat.to(_compute_dtype(x.dtype)), n_iters, variant, eps)
+    out = sk_forward_torch(flat.to(_compute_dtype(x.dtype)), n_iters, variant, eps)
     return out.to(x.dtype).reshape(x.shape)
 
 
@@ -48,9 +75,7 @@ def _run_backward(x, grad, n_iters, variant, eps, backend):
     flat = x.reshape(-1, n, n)
     g = grad.reshape(-1, n, n)
     if backend == "triton":
-        from .sk_triton import sk_backward_triton
-
-        out = sk_backward_triton(
+        out = _SK.sk_backward_triton(
             flat.contiguous(), g.to(x.dtype).contiguous(), n_iters, variant, eps
         )
     else:
@@ -135,11 +160,15 @@ def check_logit_values(logits: torch.Tensor) -> None:
     +inf (and NaN) turn exp(M − rowmax M) into NaN; a row or column of −inf is a zero row
     or column of P₀, which no scaling makes stochastic. Other −inf entries are zeros of P₀.
     """
+    # Two reductions over the logits: a row max is NaN for a NaN in the row (amax propagates
+    # it), +inf for a +inf, and -inf for a row of -inf only.
+    row_max = logits.amax(-1)
+    col_max = logits.amax(-2)
     bad = torch.stack(
         [
-            torch.isnan(logits).any() | torch.isposinf(logits).any(),
-            (logits.amax(-1) == -math.inf).any(),
-            (logits.amax(-2) == -math.inf).any(),
+            (torch.isnan(row_max) | (row_max == math.inf)).any(),
+            (row_max == -math.inf).any(),
+            (col_max == -math.inf).any(),
         ]
     ).tolist()
     if bad[0]:
@@ -153,6 +182,84 @@ def check_logit_values(logits: torch.Tensor) -> None:
                 f"logits have a {what} of -inf only: a zero {what} cannot be normalised "
                 "(no doubly stochastic scaling exists)"
             )
+
+
+def _validate(
+    logits, n_iters, variant, eps, backend, check_finite
+) -> tuple[int, str, float, str, bool]:
+    """Checks every argument; returns (n_iters, variant, eps, concrete backend, check_finite)
+    with ``"deepseek"`` at eps = 0 routed to ``"log"``."""
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if not logits.is_floating_point():
+        raise TypeError(
+            f"logits must have a floating dtype (float16, bfloat16, float32, float64); "
+            f"got {logits.dtype}"
+        )
+    if logits.dim() < 2 or logits.shape[-1] != logits.shape[-2] or logits.shape[-1] == 0:
+        raise ValueError(
+            f"logits must have square trailing dimensions (..., n, n) with n >= 1; got shape "
+            f"{tuple(logits.shape)}"
+        )
+    n_iters = V.check_int("n_iters", n_iters, 1)
+    V.check_choice("variant", variant, VARIANTS)
+    eps = V.check_nonnegative("eps", eps)
+    V.check_choice("backend", backend, BACKENDS)
+    check_finite = V.check_bool("check_finite", check_finite)
+    if variant == "deepseek" and eps == 0.0:
+        variant = "log"  # identical recursion without the additive constant
+    return n_iters, variant, eps, resolve_backend(logits, backend), check_finite
+
+
+# Validated arguments per call signature (see sinkhorn_knopp): the key holds the types of the
+# scalar arguments too, since True == 1 and 20.0 == 20 would otherwise hit the entry of a
+# validated int. Only plain Python scalars are cached (a 0-d tensor hashes by identity).
+_PLANS: dict = {}
+_PLANS_MAX = 4096
+
+
+def _call_key(logits, n_iters, variant, eps, backend, check_finite):
+    return (
+        type(logits), logits.shape, logits.dtype, logits.device, n_iters, type(n_iters),
+        variant, type(variant), eps, type(eps), backend, type(backend), check_finite,
+        type(check_finite),
+    )  # fmt: skip
+
+
+def _plan(logits, n_iters, variant, eps, backend, check_finite):
+    """Validated arguments for this call, from the cache or by running :func:`_validate`."""
+    try:
+        key = _call_key(logits, n_iters, variant, eps, backend, check_finite)
+        plan = _PLANS.get(key)
+    except (AttributeError, TypeError):  # not a tensor, or an unhashable argument
+        key = plan = None
+    if plan is None:
+        plan = _validate(logits, n_iters, variant, eps, backend, check_finite)
+        cacheable = type(n_iters) is int and type(eps) in (int, float)
+        if key is not None and cacheable:
+            if len(_PLANS) >= _PLANS_MAX:
+                _PLANS.clear()
+            _PLANS[key] = plan
+    return plan
+
+
+class _SKFunction(torch.autograd.Function):
+    """The eager path of the projection: the same forward and backward as the custom op,
+    without the custom op's dispatch (≈ 30 µs of host time per call on a CPU)."""
+
+    @staticmethod
+    def forward(x, n_iters, variant, eps, backend):
+        return _run_forward(x, n_iters, variant, eps, backend)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _setup_context(ctx, inputs, output)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return _run_backward(x, grad, *ctx.args), None, None, None, None
 
 
 def sinkhorn_knopp(
@@ -183,8 +290,13 @@ def sinkhorn_knopp(
             NaN out). Not traced by ``torch.compile`` (a compiled call never checks).
 
     Returns:
-        (..., n, n) tensor of the input dtype (half precision is computed in float32).
-        Differentiable; the backward recomputes the iterations (no saved history).
+        (..., n, n) tensor of the input dtype (half precision is read and written in its
+        dtype and computed in float32). Differentiable; the backward recomputes the
+        iterations (no saved history).
+
+    The arguments are validated on the first call for a given (shape, dtype, device,
+    arguments); later calls with the same ones reuse that result and go straight to the
+    kernel launch (``check_finite``'s value check still runs on every call).
 
     Raises:
         TypeError: non-tensor or non-floating logits; float64 with ``backend="triton"``;
@@ -194,27 +306,20 @@ def sinkhorn_knopp(
             without the interpreter with ``backend="triton"``; NaN/+inf logits or a row or
             column of -inf (``check_finite``).
     """
-    if not isinstance(logits, torch.Tensor):
-        raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
-    if not logits.is_floating_point():
-        raise TypeError(
-            f"logits must have a floating dtype (float16, bfloat16, float32, float64); "
-            f"got {logits.dtype}"
+    if torch.compiler.is_compiling():
+        # Validated while tracing (no cost at run time); the custom op keeps the projection
+        # one opaque node of the graph. A compiled graph cannot synchronise on data, so it
+        # never checks the values.
+        n_iters, variant, eps, backend, _ = _validate(
+            logits, n_iters, variant, eps, backend, check_finite
         )
-    if logits.dim() < 2 or logits.shape[-1] != logits.shape[-2] or logits.shape[-1] == 0:
-        raise ValueError(
-            f"logits must have square trailing dimensions (..., n, n) with n >= 1; got shape "
-            f"{tuple(logits.shape)}"
-        )
-    n_iters = V.check_int("n_iters", n_iters, 1)
-    V.check_choice("variant", variant, VARIANTS)
-    eps = V.check_nonnegative("eps", eps)
-    V.check_choice("backend", backend, BACKENDS)
-    check_finite = V.check_bool("check_finite", check_finite)
-    if variant == "deepseek" and eps == 0.0:
-        variant = "log"  # identical recursion without the additive constant
-    backend = resolve_backend(logits, backend)
-    # A compiled graph cannot synchronise on data; meta tensors hold no values.
-    if check_finite and logits.device.type != "meta" and not torch.compiler.is_compiling():
+        return _sk_op(logits, n_iters, variant, eps, backend)
+    n_iters, variant, eps, backend, check_finite = _plan(
+        logits, n_iters, variant, eps, backend, check_finite
+    )
+    # meta tensors hold no values
+    if check_finite and logits.device.type != "meta":
         check_logit_values(logits)
-    return _sk_op(logits, n_iters, variant, eps, backend)
+    if logits.requires_grad and torch.is_grad_enabled():
+        return _SKFunction.apply(logits, n_iters, variant, eps, backend)
+    return _run_forward(logits, n_iters, variant, eps, backend)

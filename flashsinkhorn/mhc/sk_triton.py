@@ -290,6 +290,36 @@ def _launch_cfg(cfg: tuple, m: torch.Tensor):
     return cfg[0], kw
 
 
+# Paired reciprocals in the forward (one rcp.approx for two row or column sums, see
+# sk_codegen._emit_rcps) per logits dtype. With 16-bit logits the forward moves half the bytes
+# and is bound by the MUFU unit (176 reciprocals and exponentials per matrix at n = 4, 20
+# iterations), which pairing halves; in fp32 the memory time dominates and pairing was slower.
+SMALL_FWD_PAIR = {torch.float32: False, torch.float16: True, torch.bfloat16: True}
+
+# Launch data of the small forward per (n, n_iters, variant, dtype, on the GPU, generator
+# options, launch configuration, pairing): the kernel and its keyword arguments, built once.
+_FWD_LAUNCH: dict = {}
+
+
+def _small_fwd_launch(n: int, n_iters: int, variant: str, m: torch.Tensor):
+    opts = TUNING.mhc_small_bwd
+    if type(opts) is not tuple:
+        opts = tuple(opts)
+    cfg = SMALL_CONFIG["fwd"]
+    pair = SMALL_FWD_PAIR.get(m.dtype, False)
+    key = (n, n_iters, variant, m.dtype, m.is_cuda, opts, cfg, pair)
+    hit = _FWD_LAUNCH.get(key)
+    if hit is None:
+        opts = list(opts)
+        if len(opts) > 2:
+            opts[2] = bool(pair)
+        fwd, _ = _small_kernels(n, n_iters, variant, tuple(opts))
+        block, kw = _launch_cfg(cfg, m)
+        kw = {**kw, **FP_FUSION, "BLOCK": block, "FAST": m.is_cuda and not _interpreting()}
+        hit = _FWD_LAUNCH[key] = (fwd, block, kw)
+    return hit
+
+
 def sk_forward_triton(
     m: torch.Tensor, n_iters: int, variant: str, eps: float, path: str = "auto"
 ) -> torch.Tensor:
@@ -300,10 +330,8 @@ def sk_forward_triton(
         return out
     eps = 0.0 if variant == "log" else float(eps)
     if path == "small" or (path == "auto" and n <= 4):
-        fwd, _ = _small_kernels(n, n_iters, variant)
-        block, kw = _launch_cfg(SMALL_CONFIG["fwd"], m)
-        fast = m.is_cuda and not _interpreting()
-        fwd[(cdiv(bsz, block),)](m, out, bsz, eps, BLOCK=block, FAST=fast, **kw, **FP_FUSION)
+        fwd, block, kw = _small_fwd_launch(n, n_iters, variant, m)
+        fwd[(cdiv(bsz, block),)](m, out, bsz, eps, **kw)
         return out
     first, n_half, np_, warps = _gen_meta(n, n_iters, variant)
     _sk_gen_fwd_kernel[(bsz,)](

@@ -47,10 +47,10 @@ def _compare(hc, ref, lead, n, C, device, tol):
     w = torch.randn(C, generator=gen, dtype=torch.float64)
     g = torch.randn(*lead, n, C, generator=gen, dtype=torch.float64)
     o_ref, g_ref = _run(ref, x, f0, w, g)
-    dt = hc.phi.dtype
+    dt = hc.bias.dtype
     hc = hc.to(device)
     o, gr = _run(hc, x.to(device, dt), f0.to(device, dt), w.to(device, dt), g.to(device, dt))
-    names = ["X", "F_out", "phi", "alpha_pre", "alpha_post", "alpha_res", "bias"]
+    names = ["X", "F_out", *(name for name, _ in hc.named_parameters())]
     # errors relative to each tensor's largest entry (tf32 rounding of x·φ moves single
     # entries near zero by a large relative amount)
     err = (o.double().cpu() - o_ref).abs().max().item() / max(1.0, o_ref.abs().max().item())

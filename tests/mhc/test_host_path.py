@@ -1,0 +1,147 @@
+"""The projection's host path: arguments validated once per call signature, the eager path
+(no custom-op dispatch) equal to the custom op, and on the GPU the host time per call."""
+
+import time
+
+import pytest
+import torch
+
+from flashsinkhorn.mhc import sinkhorn as S
+from flashsinkhorn.mhc import sinkhorn_knopp
+
+from .test_sinkhorn import _logits, _ref_grad
+
+
+@pytest.fixture
+def validations(monkeypatch):
+    calls = []
+    real = S._validate
+
+    def counting(*args):
+        calls.append(args[1:])
+        return real(*args)
+
+    monkeypatch.setattr(S, "_validate", counting)
+    monkeypatch.setattr(S, "_PLANS", {})
+    return calls
+
+
+def test_validation_runs_once_per_call_signature(validations):
+    m = torch.randn(7, 4, 4)
+    for _ in range(3):
+        sinkhorn_knopp(m, 5, backend="torch", check_finite=False)
+    sinkhorn_knopp(torch.randn(7, 4, 4), 5, backend="torch", check_finite=False)
+    assert len(validations) == 1
+    sinkhorn_knopp(torch.randn(8, 4, 4), 5, backend="torch", check_finite=False)
+    sinkhorn_knopp(m, 6, backend="torch", check_finite=False)
+    sinkhorn_knopp(m.double(), 5, backend="torch", check_finite=False)
+    sinkhorn_knopp(m, 5, backend="torch")
+    assert len(validations) == 5
+    sinkhorn_knopp(m, 5, backend="torch")
+    assert len(validations) == 5
+
+
+def test_cached_signature_does_not_admit_other_types(validations):
+    # True == 1 and 1.0 == 1 hash alike: the cache key holds the types, so they are validated
+    m = torch.randn(3, 4, 4)
+    sinkhorn_knopp(m, 1, backend="torch")
+    with pytest.raises(TypeError, match="n_iters must be an int"):
+        sinkhorn_knopp(m, True, backend="torch")
+    with pytest.raises(TypeError, match="n_iters must be an int"):
+        sinkhorn_knopp(m, 1.0, backend="torch")
+    sinkhorn_knopp(m, 1, backend="torch", check_finite=False)
+    with pytest.raises(TypeError, match="check_finite must be a bool"):
+        sinkhorn_knopp(m, 1, backend="torch", check_finite=0)
+    # a 0-d tensor argument is validated every time and never cached (it hashes by identity)
+    for _ in range(2):
+        sinkhorn_knopp(m, torch.tensor(2), backend="torch")
+    assert S._PLANS and all(type(key[4]) is int for key in S._PLANS)
+
+
+def test_cached_call_still_checks_values(validations):
+    m = torch.randn(3, 4, 4)
+    sinkhorn_knopp(m, 3, backend="torch")
+    bad = m.clone()
+    bad[1, 2, 3] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        sinkhorn_knopp(bad, 3, backend="torch")
+    assert len(validations) == 1
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_eager_path_equals_custom_op(device, backend):
+    dev = "cpu" if backend == "torch" else device
+    m = _logits((2, 5, 4, 4), seed=3).float().to(dev)
+    g = torch.randn(m.shape).to(dev)
+    x1, x2 = m.clone().requires_grad_(True), m.clone().requires_grad_(True)
+    p1 = sinkhorn_knopp(x1, 7, backend=backend)
+    p1.backward(g)
+    p2 = S._sk_op(x2, 7, "log", 1e-6, backend)
+    p2.backward(g)
+    assert torch.equal(p1, p2) and torch.equal(x1.grad, x2.grad)
+    with torch.no_grad():
+        assert torch.equal(sinkhorn_knopp(m, 7, backend=backend), p1.detach())
+    p_ref, dm_ref = _ref_grad(m.cpu(), g.cpu(), 7, "log")
+    torch.testing.assert_close(p1.detach().double().cpu(), p_ref, rtol=0, atol=1e-5)
+    torch.testing.assert_close(x1.grad.double().cpu(), dm_ref, rtol=0, atol=1e-5)
+
+
+def test_double_backward_refused():
+    x = _logits((3, 4, 4), seed=5).requires_grad_(True)
+    p = sinkhorn_knopp(x, 4, backend="torch")
+    (g,) = torch.autograd.grad((p * p).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward|once_differentiable|twice"):
+        g.sum().backward()
+
+
+def test_non_contiguous_and_16bit_logits(device):
+    m = _logits((6, 4, 4), seed=7).float().to(device)
+    p_ref = sinkhorn_knopp_reference_float(m)
+    p = sinkhorn_knopp(m.transpose(0, 1).transpose(0, 1)[::2], 20, backend="triton")
+    torch.testing.assert_close(p.double().cpu(), p_ref[::2], rtol=0, atol=1e-5)
+    # 16-bit logits are read as they are (paired-reciprocal forward) and returned in 16 bits
+    for dt in (torch.bfloat16, torch.float16):
+        ph = sinkhorn_knopp(m.to(dt), 20, backend="triton")
+        assert ph.dtype == dt
+        expect = sinkhorn_knopp_reference_float(m.to(dt).float())
+        torch.testing.assert_close(ph.double().cpu(), expect, rtol=0, atol=1e-2)
+
+
+def sinkhorn_knopp_reference_float(m):
+    from flashsinkhorn.mhc import sinkhorn_knopp_reference
+
+    return sinkhorn_knopp_reference(m.double().cpu(), 20)
+
+
+@pytest.mark.gpu
+def test_gpu_host_time_per_call():
+    # B = 1: the GPU finishes each kernel long before the next launch, so the wall time of
+    # back-to-back calls is the host time per call (validation cached, no synchronisation).
+    m = torch.randn(1, 4, 4, device="cuda")
+    for _ in range(200):
+        sinkhorn_knopp(m, 20, check_finite=False)
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(2000):
+            sinkhorn_knopp(m, 20, check_finite=False)
+        best = min(best, (time.perf_counter() - t) / 2000)
+        torch.cuda.synchronize()
+    assert best < 20e-6, f"{best * 1e6:.1f} µs of host time per call"
+
+
+@pytest.mark.parametrize("pair", [True, False])
+def test_forward_reciprocal_schemes(device, monkeypatch, pair):
+    # both reciprocal schemes of the forward, for every dtype (the launch cache is keyed by it)
+    from flashsinkhorn.mhc import sk_triton
+
+    monkeypatch.setattr(sk_triton, "SMALL_FWD_PAIR", dict.fromkeys(sk_triton.SMALL_FWD_PAIR, pair))
+    m = _logits((29, 4, 4), scale=80.0, seed=9).float().to(device)
+    expect = sinkhorn_knopp_reference_float(m)
+    p = sk_triton.sk_forward_triton(m, 20, "log", 0.0)
+    torch.testing.assert_close(p.double().cpu(), expect, rtol=0, atol=1e-5)
+    ph = sk_triton.sk_forward_triton(m.to(torch.bfloat16), 20, "log", 0.0)
+    expect16 = sinkhorn_knopp_reference_float(m.to(torch.bfloat16).float())
+    torch.testing.assert_close(ph.double().cpu(), expect16, rtol=0, atol=1e-2)
+    assert any(key[-1] is pair for key in sk_triton._FWD_LAUNCH)
