@@ -127,16 +127,21 @@ def test_zero_weight_points(device, monkeypatch, B, n, d):
 
 
 @pytest.mark.parametrize("groups_per_sm,split", [(1, 1), (1, 3), (4, 5), (4, None)])
-def test_groups_and_chunks(device, monkeypatch, groups_per_sm, split):
-    """Several pairs of row blocks in one program (their partial row reused) and the pairs'
-    tiles in chunks that cross from one block of the pair to the other."""
+@pytest.mark.parametrize("rows_per_tile", [32, 64], ids=["square", "two-column-tiles"])
+def test_groups_and_chunks(device, monkeypatch, groups_per_sm, split, rows_per_tile):
+    """Several pairs of row blocks in one program (their partial row reused), the pairs'
+    tiles in chunks that cross from one block of the pair to the other, and row blocks as
+    tall as two column tiles (the GPU's d <= 128 tiles: a diagonal block of two tiles)."""
     eps = 0.2
-    B, n, d = 2, 161, 3
+    B, n, d = 2, 161 if rows_per_tile == 32 else 259, 3
     monkeypatch.setattr(configs, "GROUPS_PER_SM", groups_per_sm)
     monkeypatch.setattr(TUNING, "softmin_split", split)
+    if device.type == "cpu":
+        tall = configs.LSEConfig(rows_per_tile, 32, 16, 1, 4, 1)
+        monkeypatch.setattr(plan_self, "plan_config", lambda d, half=False: tall)
     p = _self_problem(B, n, d, device, seed=1, rho=0.6)
     p64 = _self_problem(B, n, d, "cpu", seed=1, rho=0.6, dtype=F64)
-    cfg = configs.plan_config(d)
+    cfg = plan_self.plan_config(d)
     groups, n_split, _, pairs = plan_self.layout(n, B, cfg, p.X.x.device)
     if groups_per_sm == 1:
         assert groups < pairs  # grouped

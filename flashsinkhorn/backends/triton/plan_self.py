@@ -180,26 +180,20 @@ def _plan_self_fwd_kernel(
         if i_hi != p:
             t_pair += n_tiles - i_hi * (BLOCK_M // BLOCK_N)
         v1 = tl.minimum(v0 + tiles_per_chunk, t_pair)
-        # [v0, v1) of the pair's tiles: those below t_lo belong to the lower block p, the
-        # rest to the upper block i_hi (empty for the middle block of an odd count).
-        e_lo = tl.minimum(v1, t_lo)
-        if v0 < e_lo:
-            c0 = p * BLOCK_M + v0 * BLOCK_N
-            _self_block(
-                X, Xsq, Xlogw, U, p_part, i_b64, p, c0, tl.minimum(p * BLOCK_M + e_lo * BLOCK_N, n),
-                n, d, s_xb, s_xn, s_fb, scale2, inv_eps2, dot_scale, sq_floor,
-                BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, COST, EVEN_D, NULLS,
-            )  # fmt: skip
-        b_hi = tl.maximum(v0, t_lo) - t_lo
-        e_hi = v1 - t_lo
-        if b_hi < e_hi:
-            c0 = i_hi * BLOCK_M + b_hi * BLOCK_N
-            _self_block(
-                X, Xsq, Xlogw, U, p_part, i_b64, i_hi, c0,
-                tl.minimum(i_hi * BLOCK_M + e_hi * BLOCK_N, n),
-                n, d, s_xb, s_xn, s_fb, scale2, inv_eps2, dot_scale, sq_floor,
-                BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, COST, EVEN_D, NULLS,
-            )  # fmt: skip
+        # [v0, v1) of the pair's tiles: those below t_lo belong to the lower block p (h = 0),
+        # the rest to the upper block i_hi (h = 1; none for the middle block of an odd count).
+        # A loop rather than two calls: one copy of the sweep in the compiled kernel.
+        for h in range(2):
+            i_r = p + h * (i_hi - p)
+            a = tl.maximum(v0 - h * t_lo, 0)
+            b = tl.minimum(v1 - h * t_lo, t_lo + h * (t_pair - 2 * t_lo))
+            if a < b:
+                _self_block(
+                    X, Xsq, Xlogw, U, p_part, i_b64, i_r, i_r * BLOCK_M + a * BLOCK_N,
+                    tl.minimum(i_r * BLOCK_M + b * BLOCK_N, n),
+                    n, d, s_xb, s_xn, s_fb, scale2, inv_eps2, dot_scale, sq_floor,
+                    BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, COST, EVEN_D, NULLS,
+                )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=_DYNAMIC)
