@@ -138,10 +138,10 @@ def test_groups_and_chunks(device, monkeypatch, groups_per_sm, split, rows_per_t
     monkeypatch.setattr(TUNING, "softmin_split", split)
     if device.type == "cpu":
         tall = configs.LSEConfig(rows_per_tile, 32, 16, 1, 4, 1)
-        monkeypatch.setattr(plan_self, "plan_config", lambda d, half=False: tall)
+        monkeypatch.setattr(plan_self, "self_plan_config", lambda d, half=False: tall)
     p = _self_problem(B, n, d, device, seed=1, rho=0.6)
     p64 = _self_problem(B, n, d, "cpu", seed=1, rho=0.6, dtype=F64)
-    cfg = plan_self.plan_config(d)
+    cfg = plan_self.self_plan_config(d)
     groups, n_split, _, pairs = plan_self.layout(n, B, cfg, p.X.x.device)
     if groups_per_sm == 1:
         assert groups < pairs  # grouped

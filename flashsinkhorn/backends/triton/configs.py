@@ -7,6 +7,7 @@ compilation (no search). The rules were set from H100 measurements (docs/perform
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -106,6 +107,19 @@ def _plan_config(d: int, half_operands: bool, interp: bool) -> LSEConfig:
     if d <= 64:
         return LSEConfig(128, 128, base.block_d, 1, 4, 3, blocks_per_sm=3)
     return LSEConfig(256, 128, base.block_d, 1, 8, 3, maxnreg=128)
+
+
+def self_plan_config(d: int, half_operands: bool = False) -> LSEConfig:
+    """Tile shape of the triangular self step (plan_self.py): the plan step's tiles.
+
+    Its sweep holds more registers than the plan step's (ptxas for sm_90 at 128 x 128 tiles,
+    4 warps: 210 against 168), so two of its blocks fit on an SM where three of the plan
+    step's do; the column split plans its wave with that (split.split_for).
+    """
+    cfg = plan_config(d, half_operands)
+    if cfg.blocks_per_sm is not None and d <= 64:
+        return dataclasses.replace(cfg, blocks_per_sm=2)
+    return cfg
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from ..._triton_launch import FP_FUSION, cdiv, launch, precompile_once
 from ...problem import Side
 from ..kernel_costs import cost_id
 from . import configs, softmin, sums
-from .configs import COMBINE_BLOCK, FINISH_BLOCK, FINISH_PARTS, lse_config, plan_config
+from .configs import COMBINE_BLOCK, FINISH_BLOCK, FINISH_PARTS, lse_config, self_plan_config
 from .operands import cost_args, is_half, operands
 from .plan import _plan_finish_rows
 from .split import chunk, sm_count, split_count, split_for
@@ -104,27 +104,18 @@ def _self_block(
             "-inf"
         )
     b_sum = tl.zeros([BLOCK_M], tl.float32)
-    diag_stop = tl.minimum(c1, (i_r + 1) * BLOCK_M)
-    # Tiles of the diagonal block: each pair of its rows is in it twice, once per order, so
-    # only its row sums count.
-    for start_n in range(c0, diag_stop, BLOCK_N):
-        o_n = start_n + tl.arange(0, BLOCK_N)
-        b_p = _tile_plan(
-            p_r, p_c0, U, Xsq, o_n, m_m, m_dd, b_r, b_rl, b_u, b_rsq, o_d, i_b64,
-            n, d, s_xn, s_fb, scale2, inv_eps2, dot_scale, sq_floor,
-            BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, COST,
-        )  # fmt: skip
-        if NULLS:
-            b_live_c = tl.load(Xlogw + i_b64 * s_fb + o_n, mask=o_n < n, other=float("-inf"))
-            b_p = tl.where(b_live_c[None, :] > float("-inf"), b_p, 0.0)
-        b_sum += tl.sum(b_p, 1)
-    # Right of the diagonal block: π_ji = π_ij, so the column sums are row sums of the rows
-    # below, which never form this tile.
-    for start_n in range(tl.maximum(c0, diag_stop), c1, BLOCK_N):
+    # Columns of the diagonal block: each pair of its rows is in it twice, once per order, so
+    # only its row sums count. Right of it π_ji = π_ij, and the column sums are row sums of the
+    # rows below, which never form this tile. One loop for both, the column stores masked:
+    # two loops spilled more under the d <= 128 register cap (ptxas, sm_90: 1656 bytes of
+    # stack against 1000).
+    diag_stop = (i_r + 1) * BLOCK_M
+    for start_n in range(c0, c1, BLOCK_N):
         o_n = start_n + tl.arange(0, BLOCK_N)
         m_n = o_n < n
+        m_col = m_n & (o_n >= diag_stop)
         # Read before the dot so that the load's latency hides behind it.
-        b_old = tl.load(p_part + o_n, mask=m_n, other=0.0)
+        b_old = tl.load(p_part + o_n, mask=m_col, other=0.0)
         b_p = _tile_plan(
             p_r, p_c0, U, Xsq, o_n, m_m, m_dd, b_r, b_rl, b_u, b_rsq, o_d, i_b64,
             n, d, s_xn, s_fb, scale2, inv_eps2, dot_scale, sq_floor,
@@ -137,7 +128,7 @@ def _self_block(
         else:
             b_sum += tl.sum(b_p, 1)
             b_col = tl.sum(b_p, 0)
-        tl.store(p_part + o_n, b_old + b_col, mask=m_n)
+        tl.store(p_part + o_n, b_old + b_col, mask=m_col)
     # The block's own rows: written by earlier blocks of this program as their columns (this
     # block's stores went to columns right of its diagonal block only).
     b_prev = tl.load(p_part + o_m, mask=m_m, other=0.0)
@@ -311,7 +302,7 @@ def _self_step(X, f, eps, alpha, beta, want_raw, precision, phase):
         lam = X.damping(eps)
         shift = sums.second_shift(X, X, f, f, 1.0 - 0.5 / lam, -(22.0 + math.log(n)) * eps)
     xx, _, dot_scale, prec = operands(X, X, precision)
-    cfg = plan_config(d, is_half(xx, prec))
+    cfg = self_plan_config(d, is_half(xx, prec))
     groups, split, tpc, pairs = layout(n, B, cfg, X.x.device)
     part = torch.zeros((groups * split, B, n), dtype=torch.float32, device=f.device)
     flag = torch.empty(1, dtype=torch.float32, device=f.device)
