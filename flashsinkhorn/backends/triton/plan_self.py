@@ -162,7 +162,7 @@ def _plan_self_fwd_kernel(
     inv_eps2 = 1.4426950408889634 / eps
     i_b64 = i_b.to(tl.int64)
     p_part = Part + (i_g * n_split + i_s).to(tl.int64) * s_pr + i_b64 * n
-    n_tiles = tl.cdiv(n, BLOCK_N)
+    n_tiles = (n + BLOCK_N - 1) // BLOCK_N
     v0 = i_s * tiles_per_chunk
     for p in range(i_g, n_pairs, n_groups):
         i_hi = n_blocks - 1 - p
