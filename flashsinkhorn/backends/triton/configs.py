@@ -113,16 +113,17 @@ def self_plan_config(d: int, half_operands: bool = False) -> LSEConfig:
     """Tile shape of the triangular self step (plan_self.py): the plan step's tiles, with row
     blocks a whole number of column tiles tall.
 
-    Its sweep holds more registers than the plan step's (ptxas for sm_90 at 128 x 128 tiles,
-    4 warps: 210 against 168), so two of its blocks fit on an SM where three of the plan
-    step's do; the column split plans its wave with that (split.split_for).
+    Blocks per SM, from ptxas for sm_90 (not timed): at d <= 64 the sweep holds 210 registers
+    per thread (the plan step's: 168), 2 blocks of 128 threads; at d <= 128 the cap of 128
+    registers and 96 KB of shared memory per block of 256 threads leave 2. The split then fills
+    whole waves (plan_self.layout).
     """
     cfg = plan_config(d, half_operands)
     if cfg.block_m % cfg.block_n:
         # The diagonal block of a row block is whole column tiles (d <= 32 with 16-bit
         # operands: 64 x 128; not measured, the backend keeps the online-LSE sweep there).
         cfg = dataclasses.replace(cfg, block_n=cfg.block_m)
-    if cfg.blocks_per_sm is not None and d <= 64:
+    if cfg.blocks_per_sm is not None or cfg.maxnreg == 128:
         return dataclasses.replace(cfg, blocks_per_sm=2)
     return cfg
 

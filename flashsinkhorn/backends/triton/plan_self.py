@@ -19,12 +19,13 @@ import triton.language as tl
 
 from ..._triton_launch import FP_FUSION, cdiv, launch, precompile_once
 from ...problem import Side
+from ...tuning import TUNING
 from ..kernel_costs import cost_id
 from . import configs, softmin, sums
 from .configs import COMBINE_BLOCK, FINISH_BLOCK, FINISH_PARTS, lse_config, self_plan_config
 from .operands import cost_args, is_half, operands
 from .plan import _plan_finish_rows
-from .split import chunk, sm_count, split_count, split_for
+from .split import chunk, sm_count, split_count
 from .tiles import SQEUCLIDEAN, col_bias, cost_scores, load_parts, score_tile
 
 _DYNAMIC = [
@@ -276,8 +277,9 @@ def self_step(X: Side, f, eps, alpha, beta, want_raw, precision, phase="iterate"
 def layout(n: int, B: int, cfg, device) -> tuple[int, int, int, int]:
     """(groups, column chunks, tiles per chunk, pairs) of the triangular sweep for n points.
 
-    Every pair of row blocks sweeps the same number of tiles; the chunks split them as the
-    plan step splits its columns (split.split_for). Each (group, chunk) owns one partial row
+    Every pair of row blocks sweeps the same number of tiles; the chunks split them into
+    whole waves where the config knows its blocks per SM (:func:`_wave_chunks`), else as the
+    soft-min splits its columns (split.split_count). Each (group, chunk) owns one partial row
     of n floats per problem, at most ``GROUPS_PER_SM`` per SM in all.
     """
     nb = cdiv(n, cfg.block_m)
@@ -287,11 +289,31 @@ def layout(n: int, B: int, cfg, device) -> tuple[int, int, int, int]:
     t_pair = n_tiles if nb == 1 else 2 * n_tiles - (nb - 1) * ratio
     cap = configs.GROUPS_PER_SM * sm_count(device)
     groups = min(pairs, cap)
-    split = split_for(groups * B, t_pair * cfg.block_n, cfg, device)
+    known = cfg.blocks_per_sm is not None and device.type == "cuda"
+    if known and TUNING.softmin_split is None:
+        # (no more chunks than keep one pair per program within the partial rows' cap)
+        most = max(1, cap // groups)
+        split = _wave_chunks(groups * B, t_pair, cfg.blocks_per_sm * sm_count(device), most)
+    else:
+        split = split_count(groups * B, t_pair * cfg.block_n, cfg.block_n, device)
     tpc = cdiv(t_pair, split)
     split = cdiv(t_pair, tpc)
     groups = min(groups, max(1, cap // split))
     return groups, split, tpc, pairs
+
+
+def _wave_chunks(programs: int, tiles: int, slots: int, most: int) -> int:
+    """Chunks per pair (at most ``most``) for ``programs`` pairs of ``tiles`` tiles each on
+    ``slots`` resident blocks: every program has the same work, so a grid of w waves takes
+    ⌈w⌉ times one chunk's tiles. The fewest chunks within 2 % of the best such time (each
+    chunk a partial row more to zero and add), each chunk at least 4 tiles."""
+    costs = {}
+    for s in range(1, max(1, min(most, 64, tiles // 4)) + 1):
+        tpc = cdiv(tiles, s)
+        k = cdiv(tiles, tpc)  # chunks after rounding the chunk to whole tiles
+        costs[k] = cdiv(programs * k, slots) * tpc
+    best = min(costs.values())
+    return min(k for k, c in costs.items() if c <= 1.02 * best)
 
 
 def _self_step(X, f, eps, alpha, beta, want_raw, precision, phase):
