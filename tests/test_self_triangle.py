@@ -160,6 +160,26 @@ def test_groups_and_chunks(device, monkeypatch, groups_per_sm, split, rows_per_t
         _check_against_float64(got, lse_got, w)
 
 
+@pytest.mark.parametrize("n", [1000, 4097, 10_000, 40_000, 100_000])
+@pytest.mark.parametrize("rows", [128, 256])
+def test_layout_on_a_gpu(monkeypatch, n, rows):
+    """The H100's grid (132 SMs, 2 blocks each): chunks cover each pair's tiles, every pair
+    has a program, the partial rows stay within the cap, and a grid of one wave or more takes
+    within 15 % of the time of a perfectly balanced one (waves × tiles per chunk)."""
+    monkeypatch.setattr(plan_self, "sm_count", lambda device: 132)
+    cfg = configs.LSEConfig(rows, 128, 64, 1, 4, 3, blocks_per_sm=2)
+    B = 2
+    groups, split, tpc, pairs = plan_self.layout(n, B, cfg, torch.device("cuda"))
+    nb, nt = -(-n // rows), -(-n // 128)
+    t_pair = 2 * nt - (nb - 1) * (rows // 128) if nb > 1 else nt
+    assert pairs == -(-nb // 2) and 1 <= groups <= pairs
+    assert (split - 1) * tpc < t_pair <= split * tpc
+    assert groups * split <= configs.GROUPS_PER_SM * 132
+    programs, slots = groups * B * split, 2 * 132
+    if groups == pairs and programs >= slots:
+        assert -(-programs // slots) * tpc <= 1.15 * B * pairs * t_pair / slots
+
+
 @pytest.mark.parametrize("offset", [8.0, -8.0])
 def test_out_of_range_sums_fall_back_to_online_lse(device, monkeypatch, offset):
     """A potential far above (overflow) or below (underflow) the balanced one: the guarded

@@ -288,7 +288,7 @@ def layout(n: int, B: int, cfg, device) -> tuple[int, int, int, int]:
     pairs = cdiv(nb, 2)
     t_pair = n_tiles if nb == 1 else 2 * n_tiles - (nb - 1) * ratio
     cap = configs.GROUPS_PER_SM * sm_count(device)
-    groups = min(pairs, cap)
+    groups = _groups(pairs, cap)
     known = cfg.blocks_per_sm is not None and device.type == "cuda"
     if known and TUNING.softmin_split is None:
         # (no more chunks than keep one pair per program within the partial rows' cap)
@@ -298,8 +298,13 @@ def layout(n: int, B: int, cfg, device) -> tuple[int, int, int, int]:
         split = split_count(groups * B, t_pair * cfg.block_n, cfg.block_n, device)
     tpc = cdiv(t_pair, split)
     split = cdiv(t_pair, tpc)
-    groups = min(groups, max(1, cap // split))
+    groups = _groups(pairs, max(1, cap // split))
     return groups, split, tpc, pairs
+
+
+def _groups(pairs: int, limit: int) -> int:
+    """At most ``limit`` groups with the same number of pairs each, give or take one."""
+    return cdiv(pairs, cdiv(pairs, limit))
 
 
 def _wave_chunks(programs: int, tiles: int, slots: int, most: int) -> int:
