@@ -123,7 +123,7 @@ def self_plan_config(d: int, half_operands: bool = False) -> LSEConfig:
         # The diagonal block of a row block is whole column tiles (d <= 32 with 16-bit
         # operands: 64 x 128; not measured, the backend keeps the online-LSE sweep there).
         cfg = dataclasses.replace(cfg, block_n=cfg.block_m)
-    if cfg.blocks_per_sm is not None or cfg.maxnreg == 128:
+    if half_operands and 32 < d <= 128 and not interpreting():  # the plan step's own tiles
         return dataclasses.replace(cfg, blocks_per_sm=2)
     return cfg
 
