@@ -375,3 +375,24 @@ def test_gpu_graphs_replay_the_triangle():
         assert got.converged and want.converged
         assert abs(got.n_iters - want.n_iters) <= 3  # at most one test window apart
         assert (got.value - want.value).abs().max() <= 1e-5 * want.value.abs().max()
+
+
+@pytest.mark.gpu
+def test_gpu_no_recompile_for_new_n():
+    """A new n at a known d reuses the compiled kernels (n and its strides not specialised)."""
+    kernels = (plan_self._plan_self_fwd_kernel, plan_self._plan_self_bias_kernel,
+               plan_self._plan_self_finish_kernel)  # fmt: skip
+
+    def n_compiled():
+        return sum(len(c[0]) for k in kernels for c in k.device_caches.values())
+
+    def step(n):
+        p = _self_problem(2, n, 64, "cuda", seed=n, precision="tf32")
+        f = torch.zeros_like(p.X.sq)
+        plan_self.self_step(p.X, f, 0.1, 0.5, 0.5, False, "tf32")
+
+    step(1000)
+    before = n_compiled()
+    for n in (1537, 3001, 4097, 20_011):
+        step(n)
+    assert n_compiled() == before
