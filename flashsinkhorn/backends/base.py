@@ -88,6 +88,29 @@ class Backend(ABC):
         g_new, tg = self.softmin(Y, X, f, eps, g, alpha, beta_y, want_raw, precision)
         return f_new, g_new, tf, tg
 
+    def self_step(
+        self,
+        X: Side,
+        f: torch.Tensor,
+        eps: float,
+        alpha: float,
+        beta: float,
+        want_raw: bool,
+        precision: str,
+        phase: str = "cold",
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The step of a self problem (one side, one potential): ``alpha * f + beta * T(f)``
+        with T(f) the soft-min of f over the side against itself.
+
+        ``phase`` as in :meth:`symmetric_step`; a backend may then read T(f) off the upper
+        triangle of the symmetric plan (Triton: plan_self.py). Results do not depend on it
+        beyond rounding.
+
+        Returns:
+            ``(alpha * f + beta * T(f), T(f) or None)``, both (B, n).
+        """
+        return self.softmin(X, X, f, eps, f, alpha, beta, want_raw, precision)
+
     # Transport operators from potentials (docs/transport.md). Not abstract, so that a partial
     # backend (e.g. a test double) still instantiates; both shipped backends implement them.
 

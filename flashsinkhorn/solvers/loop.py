@@ -93,7 +93,7 @@ def _step(problem, backend, f, g, eps, schedule, phase, want_raw, plain=False, o
     prec = problem.precision
     if X is Y:
         alpha, w = _weights(phase, plain)
-        f_new, tf = backend.softmin(X, X, f, eps, f, alpha, w * lx, want_raw, prec)
+        f_new, tf = backend.self_step(X, f, eps, alpha, w * lx, want_raw, prec, phase=phase)
         # Both marginals of a self plan are equal.
         err = 2.0 * side_error(X, f, tf, eps) if want_raw else None
         return f_new, f_new, err

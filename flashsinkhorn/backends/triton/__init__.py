@@ -6,7 +6,7 @@ import torch
 
 from ...tuning import TUNING
 from ..base import Backend
-from . import plan, softmin
+from . import plan, plan_self, softmin
 
 
 class TritonBackend(Backend):
@@ -30,6 +30,15 @@ class TritonBackend(Backend):
                 X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, phase
             )
         return softmin.symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision)
+
+    def self_step(self, X, f, eps, alpha, beta, want_raw, precision, phase="cold"):
+        # The self plan is symmetric: one sweep over the upper triangle of its tiles gives
+        # T(f) (plan_self.py), under the same conditions as the plan step. The plain update
+        # from zero potentials keeps the online-LSE sweep.
+        ok = eps < X.large_eps and plan_self.eligible(X) and plan.preferred(X)
+        if phase in plan_self.PHASES and TUNING.plan_step and ok:
+            return plan_self.self_step(X, f, eps, alpha, beta, want_raw, precision, phase)
+        return softmin.softmin(X, X, f, eps, f, alpha, beta, want_raw, precision)
 
     def transport(self, rows, cols, row_pot, col_pot, eps, V, A, Bw, precision):
         from . import transport

@@ -7,6 +7,7 @@ compilation (no search). The rules were set from H100 measurements (docs/perform
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -106,6 +107,25 @@ def _plan_config(d: int, half_operands: bool, interp: bool) -> LSEConfig:
     if d <= 64:
         return LSEConfig(128, 128, base.block_d, 1, 4, 3, blocks_per_sm=3)
     return LSEConfig(256, 128, base.block_d, 1, 8, 3, maxnreg=128)
+
+
+def self_plan_config(d: int, half_operands: bool = False) -> LSEConfig:
+    """Tile shape of the triangular self step (plan_self.py): the plan step's tiles, with row
+    blocks a whole number of column tiles tall.
+
+    Blocks per SM, from ptxas for sm_90 (not timed): at d <= 64 the sweep holds 210 registers
+    per thread (the plan step's: 168), 2 blocks of 128 threads; at d <= 128 the cap of 128
+    registers and 96 KB of shared memory per block of 256 threads leave 2. The split then fills
+    whole waves (plan_self.layout).
+    """
+    cfg = plan_config(d, half_operands)
+    if cfg.block_m % cfg.block_n:
+        # The diagonal block of a row block is whole column tiles (d <= 32 with 16-bit
+        # operands: 64 x 128; not measured, the backend keeps the online-LSE sweep there).
+        cfg = dataclasses.replace(cfg, block_n=cfg.block_m)
+    if half_operands and 32 < d <= 128 and not interpreting():  # the plan step's own tiles
+        return dataclasses.replace(cfg, blocks_per_sm=2)
+    return cfg
 
 
 @dataclass(frozen=True)

@@ -183,6 +183,10 @@ class DenseTritonBackend(TritonBackend):
         g_new, tg = self.softmin(Y, X, f, eps, g, alpha, beta_y, want_raw, precision)
         return f_new, g_new, tf, tg
 
+    def self_step(self, X, f, eps, alpha, beta, want_raw, precision, phase="cold"):
+        # A sweep over the stored K (the streaming triangle would recompute it).
+        return self.softmin(X, X, f, eps, f, alpha, beta, want_raw, precision)
+
     def transport_grad(self, rows, cols, row_pot, col_pot, eps, precision):
         """Envelope gradient from the stored Gram matrix: one kernel writes each row block of
         the plan's row softmax from K, cuBLAS multiplies it by the points (dense_grad.py). The
