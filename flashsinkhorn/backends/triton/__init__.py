@@ -31,6 +31,13 @@ class TritonBackend(Backend):
             )
         return softmin.symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision)
 
+    def softmin_pair(self, first, second, eps, alpha, want_raw, precision):
+        from . import pair
+
+        if pair.eligible(first, second, precision):
+            return pair.pair_step(first, second, eps, alpha, want_raw, precision)
+        return super().softmin_pair(first, second, eps, alpha, want_raw, precision)
+
     def transport(self, rows, cols, row_pot, col_pot, eps, V, A, Bw, precision):
         from . import transport
 
