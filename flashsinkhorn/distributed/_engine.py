@@ -219,16 +219,13 @@ class Sharded:
             self.Y_all = self._nominal(unpack(pts[1], sqw[1], self.Y, self.impl.name), "Y")
 
     def _nominal(self, side: Side, which: str) -> Side:
-        """A gathered side with its nominal mass flags (``Side.nominal_mass`` is then the
-        global one: the gathered weights are all of them)."""
+        """A gathered side whose nominal mass (``Side.nominal_mass``, the M of the large-eps
+        soft-min's eps ln M) is exactly the one of the value (:class:`Masses`): the
+        potentials carry eps ln M, and the value's first-order cancellation of it needs the
+        same M to the last bit (a sum of the weights in another order differs by u·M, which
+        eps multiplies)."""
         ms = self.mass_x if which == "X" else self.mass_y
-        if not ms.renormalised:
-            return side
-        if which == "Y" and self.X.rho is None and self.Y.rho is None:
-            other = self.X_all
-            unit = other.unit_mass
-            return replace(side, unit_mass=unit, mass_of=None if unit else other.w)
-        return replace(side, unit_mass=True)
+        return replace(side, unit_mass=False, mass_of=ms.nominal.reshape(1, 1))
 
     def _payload(self, which: str, grad: bool) -> list[torch.Tensor]:
         key = (which, grad)
