@@ -71,18 +71,14 @@ class Masses:
 
 def _side_stats(Xc, Yc, wa, wb) -> torch.Tensor:
     """This rank's statistics for the MAX all-reduce: largest |coordinate|, −lo and hi of the
-    bounding box, largest squared norm, over every point and over the points with mass."""
+    bounding box, largest squared norm, over every point and over the points with mass (±inf
+    where this rank has none: they drop out of the maximum)."""
     pts = torch.cat([Xc[0], Yc[0]])
-    live = torch.cat([wa[0], wb[0]]) > 0
-    sq = (pts * pts).sum(-1)
-    lpts = pts[live]
-    lsq = sq[live]
-    inf = torch.full((pts.shape[-1],), -math.inf, dtype=pts.dtype, device=pts.device)
-    lo_live = -lpts.amin(0) if lpts.shape[0] else inf
-    hi_live = lpts.amax(0) if lpts.shape[0] else inf
-    sq_live = lsq.max().reshape(1) if lsq.shape[0] else inf[:1]
+    live = (torch.cat([wa[0], wb[0]]) > 0)[:, None]
+    sq = (pts * pts).sum(-1, keepdim=True)
     parts = [pts.abs().max().reshape(1), -pts.amin(0), pts.amax(0), sq.max().reshape(1)]
-    parts += [lo_live, hi_live, sq_live]
+    parts += [-torch.where(live, pts, math.inf).amin(0), torch.where(live, pts, -math.inf).amax(0)]
+    parts += [torch.where(live, sq, -math.inf).max().reshape(1)]
     return torch.cat(parts).double()
 
 

@@ -153,9 +153,13 @@ def ot_cost(
         float64 points). Its gradient w.r.t. each local input is the slice of the
         single-process gradient: do not sum it over ranks.
 
+    Warns (:class:`~flashsinkhorn.ConvergenceWarning`) once, on every rank, when the solve has
+    a ``tol`` and stops at ``n_iters``.
+
     Raises:
         RuntimeError: when no process group is initialised, or on a second derivative.
-        ValueError, TypeError: for invalid arguments, on every rank.
+        ValueError, TypeError: for invalid arguments, on every rank; below the float32 plan
+            floor, by ``backward()``, on every rank.
     """
     options = _options(group, mode, **public_options(locals()))
     reports: list[SolveReport] = []
@@ -262,11 +266,14 @@ def sinkhorn_divergence(
 ) -> torch.Tensor:
     """Global debiased Sinkhorn divergence S = OT(a, b) − ½ OT(a, a) − ½ OT(b, b), sharded.
 
-    Three sharded :func:`ot_cost` solves with the semantics of
-    :func:`flashsinkhorn.sinkhorn_divergence` (with ``scaling`` all three anneal from the
-    diameter of the global bounding box of both clouds; KL-relaxed marginals, with
-    ``rho_x == rho_y``, add the debiasing term eps/2 (m_a − m_b)² with global masses). A
-    collective; same gradient convention as :func:`ot_cost`.
+    The semantics of :func:`flashsinkhorn.sinkhorn_divergence`: one sharded problem serves the
+    three solves (the self terms are one-potential solves of its sides, with its centring,
+    operand scale and eps ladder; with ``scaling`` all three anneal from the diameter of the
+    global bounding box of both clouds); KL-relaxed marginals, with ``rho_x == rho_y``, add
+    the debiasing term eps/2 (m_a − m_b)² with global masses. A collective, forward and
+    backward; same gradient convention as :func:`ot_cost`. Warns
+    (:class:`~flashsinkhorn.ConvergenceWarning`) once, on every rank, when a solve with a
+    ``tol`` stops at ``n_iters``.
 
     Args:
         x_local, y_local, a_local, b_local: this rank's shards, as in :func:`ot_cost`.
@@ -276,6 +283,11 @@ def sinkhorn_divergence(
 
     Returns:
         A 0-d tensor, identical on every rank, differentiable w.r.t. the local shards.
+
+    Raises:
+        RuntimeError: when no process group is initialised, or on a second derivative.
+        ValueError, TypeError: for invalid arguments (``rho_x != rho_y`` included) on every
+            rank; below the float32 plan floor, by ``backward()``, on every rank.
     """
     require_group(group)
     options = _options(group, mode, **public_options(locals()))
