@@ -199,6 +199,13 @@ def _failures(rank, world):
             x, y, a, b, eps=0.3, rho_x=on(3, 1.0, None)
         ),
         "eps_type_one_rank": lambda: fsd.ot_cost(x, y, a, b, eps=on(1, "big", 0.3)),
+        "compute_error_type_one_rank": lambda: fsd.sinkhorn(
+            x, y, a, b, eps=0.3, compute_error=on(2, "yes", True)
+        ),
+        # valid on each rank, different across ranks: the comparison of the options
+        "compute_error_differs": lambda: fsd.sinkhorn(
+            x, y, a, b, eps=0.3, tol=None, n_iters=2, compute_error=on(1, False, True)
+        ),
     }
     out = {name: expect_error(call) for name, call in calls.items()}
     x1, y1, a1, b1 = _data(15, *map(sum, SIZES[world]))
@@ -373,7 +380,16 @@ FAILING_RANK = {
     "a_wrong_length": (2, "ValueError: a_local must have shape"),
     "semi_relaxed_divergence_one_rank": (3, "ValueError: a Sinkhorn divergence needs rho_x =="),
     "eps_type_one_rank": (1, "TypeError: eps"),
+    "compute_error_type_one_rank": (2, "TypeError: compute_error must be a bool"),
 }
+
+
+def test_options_that_differ_across_ranks_raise_on_every_rank(job):
+    world, _ = job
+    if world != 4:
+        pytest.skip("the failure checks run on 4 ranks")
+    messages = {r["compute_error_differs"] for r in entries(job, "failures")}
+    assert messages == {"ValueError: compute_error must be the same on every rank"}, messages
 
 
 @pytest.mark.parametrize("name", sorted(FAILING_RANK))

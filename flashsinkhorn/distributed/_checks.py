@@ -34,10 +34,10 @@ def check_options(options: dict) -> tuple[SinkhornOptions, str]:
     return SinkhornOptions.build(**options), mode
 
 
-def option_codes(opts: SinkhornOptions, mode: str) -> list[float]:
+def option_codes(opts: SinkhornOptions, mode: str, compute_error: bool) -> list[float]:
     """The options as numbers, for the cross-rank comparison (None is -1)."""
     out = []
-    for v in [*opts.solver_kwargs().values(), mode]:
+    for v in [*opts.solver_kwargs().values(), mode, compute_error]:
         if isinstance(v, str):
             v = float(sum(ord(c) * 31**i for i, c in enumerate(v)) % 1_000_003)
         out.append(-1.0 if v is None else float(v))
@@ -45,7 +45,7 @@ def option_codes(opts: SinkhornOptions, mode: str) -> list[float]:
 
 
 #: Names of the compared options, in the order of ``option_codes``.
-OPTION_NAMES = (*SinkhornOptions(eps=1.0).solver_kwargs(), "mode")
+OPTION_NAMES = (*SinkhornOptions(eps=1.0).solver_kwargs(), "mode", "compute_error")
 
 
 def check_local(x, y, a, b, device: torch.device, check_finite: bool):

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.distributed as dist
 
+from .. import _validation as V
 from .. import limits
 from ..backends import resolve_backend
 from ..backends.base import Backend
@@ -96,28 +97,32 @@ class Sharded:
     Args:
         x, y, a, b: this rank's shards (checked here, on every rank together).
         group: the process group (None: the default group).
+        compute_error: whether the caller will compute the marginal error of an unconverged
+            solve (a collective sweep): checked and compared across ranks with the options.
         extra_check: a callable run with this rank's checks (its error is agreed on too).
         **options: the solver options and ``mode``.
     """
 
-    def __init__(self, x, y, a, b, *, group, extra_check=None, **options):
+    def __init__(self, x, y, a, b, *, group, compute_error=False, extra_check=None, **options):
         require_group(group)
         self.comm = comm = Comm(group, comm_device(group, x))
 
         def checks():
             opts, mode = C.check_options(dict(options))
+            V.check_bool("compute_error", compute_error)
             if extra_check is not None:
                 extra_check()
             local = C.check_local(x, y, a, b, comm.device, opts.check_finite)
-            return opts, mode, C.option_codes(opts, mode), *local
+            impl = resolve_backend(opts.backend, x.device, x.dtype)
+            prec = resolve_precision(opts.precision, impl.name, x.dtype)
+            codes = C.option_codes(opts, mode, compute_error)
+            return opts, mode, codes, impl, prec, *local
 
-        opts, mode, codes, a, b = C.guarded(comm, checks)
+        opts, mode, codes, self.impl, self.precision, a, b = C.guarded(comm, checks)
         self.sizes_x, self.sizes_y = C.exchange_meta(comm, x, y, a, b, codes)
         self.n, self.m = sum(self.sizes_x), sum(self.sizes_y)
         self.off_x = sum(self.sizes_x[: comm.rank])
         self.off_y = sum(self.sizes_y[: comm.rank])
-        self.impl = resolve_backend(opts.backend, x.device, x.dtype)
-        self.precision = resolve_precision(opts.precision, self.impl.name, x.dtype)
         self.mode = mode
         self.opts = opts
         self.is_self = False

@@ -291,7 +291,6 @@ def sinkhorn_divergence(
     """
     require_group(group)
     options = _options(group, mode, **public_options(locals()))
-    del options["compute_error"]
     reports: list[SolveReport] = []
     value = _DistDivergence.apply(x_local, y_local, a_local, b_local, options, reports)
     where = "flashsinkhorn.distributed.sinkhorn_divergence"

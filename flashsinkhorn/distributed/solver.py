@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from .. import _validation as V
 from ..options import public_options
 from ._engine import Sharded
 
@@ -65,8 +64,8 @@ class DistributedSinkhornResult:
 
 def _run(x_local, y_local, a_local, b_local, *, group, compute_error, **options):
     """Builds the sharded problem and solves it; returns (engine, SolveOutput, value)."""
-    V.check_bool("compute_error", compute_error)
-    sh = Sharded(x_local, y_local, a_local, b_local, group=group, **options)
+    sh = Sharded(x_local, y_local, a_local, b_local, group=group, compute_error=compute_error,
+                 **options)  # fmt: skip
     with torch.no_grad():
         out = sh.solve(compute_error)
         value = sh.value(out.f, out.g, out.eps)
