@@ -45,14 +45,18 @@ def expect_error(fn) -> str:
     return "no error"
 
 
-def _worker(rank, world, port, out, checks_fn, env):
+def _worker(rank, world, port, out, checks_fn, env, backend):
     os.environ.update(env)
     torch.set_num_threads(1)
     results = {}
     try:
+        kw = {}
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+            kw["device_id"] = torch.device("cuda", rank)
         dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-            timeout=timedelta(seconds=TIMEOUT_S),
+            backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+            timeout=timedelta(seconds=TIMEOUT_S), **kw,
         )  # fmt: skip
         for name, spec in checks_fn(world).items():
             spec = dict(spec)
@@ -68,14 +72,15 @@ def _worker(rank, world, port, out, checks_fn, env):
     out.put((rank, results))
 
 
-def run_job(world: int, checks_fn, env: dict | None = None) -> list[dict]:
+def run_job(world: int, checks_fn, env: dict | None = None, backend: str = "gloo") -> list[dict]:
     """Runs ``checks_fn(world)`` (name -> dict(fn=callable(rank, world, **kw), **kw)) on
-    ``world`` spawned gloo ranks; returns each rank's results."""
+    ``world`` spawned ranks (gloo on the CPU, or NCCL with GPU r for rank r); returns each
+    rank's results."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_worker, args=(r, world, port, out, checks_fn, env or {}))
+        ctx.Process(target=_worker, args=(r, world, port, out, checks_fn, env or {}, backend))
         for r in range(world)
     ]
     for p in procs:
