@@ -2,6 +2,8 @@
 
     torchrun --nproc-per-node=2 examples/distributed.py            # CPUs (gloo) or GPUs (NCCL)
     torchrun --nproc-per-node=2 examples/distributed.py --points 200000 # a larger problem on GPUs
+    torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 \
+        examples/distributed.py --points 4000000                      # two nodes, 16 GPUs
 
 Without CUDA ``--quick`` is the default: 1,000 points per cloud, 3 gradient steps, one torch
 thread per rank. Measured with two ranks on a shared 2-core CPU (load average 3–4 from other
@@ -17,7 +19,6 @@ gloo on the CPU, in float64.
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 import torch.distributed as dist
@@ -58,16 +59,11 @@ def main() -> None:
     args.points = args.points or (1000 if quick else 3000)
     args.steps = args.steps or (3 if quick else 5)
 
-    if torch.cuda.is_available():
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-        dist.init_process_group("nccl", device_id=device)
-        dtype = torch.float32
-    else:
-        dist.init_process_group("gloo")
-        device, dtype = torch.device("cpu"), torch.float64
-    rank, world = dist.get_rank(), dist.get_world_size()
+    # NCCL on GPU LOCAL_RANK of this node, or gloo on the CPU; one node or several.
+    place = fsd.init_process_group()
+    device = place.device
+    dtype = torch.float32 if device.type == "cuda" else torch.float64
+    rank, world = place.rank, place.world_size
 
     # Uneven shards: rank r holds a share proportional to r + 1.
     share = [(r + 1) for r in range(world)]

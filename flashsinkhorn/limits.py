@@ -70,6 +70,8 @@ def _scales(problem: Problem) -> tuple[float, float | None]:
     st = problem.stats
     if st is not None and not _live(problem):
         return st.box2, st.sq_max
+    if st is not None and st.live is not None:
+        return st.live
     lo, hi, sq = [], [], []
     for side in (problem.X, problem.Y):
         live = (side.w > 0)[..., None]

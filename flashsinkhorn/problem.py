@@ -158,12 +158,17 @@ class Stats:
         mass: largest total mass of a weight vector.
         sq_max: largest squared norm of a centred point, or None when not computed (the fused
             path reads it only when needed, limits.py).
+        live: (bounding-box diagonal², largest squared norm) of the points that carry mass,
+            where the builder of the problem knows them: a sharded problem reduces them over
+            its ranks, since its sides hold one rank's points only. None: limits.py computes
+            them from the sides when some weights are zero.
     """
 
     amax: float
     box2: float
     mass: float
     sq_max: float | None = None
+    live: tuple[float, float] | None = None
 
 
 def side_mean(side: Side) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 
 import flashsinkhorn as fs
 from flashsinkhorn.backends import TorchBackend, resolve_backend
-from flashsinkhorn.distributed._engine import _payload, _unpack
+from flashsinkhorn.distributed._sweep import payload, unpack
 from flashsinkhorn.problem import SPLIT_HEADROOM, prepare, split_half
 
 SHAPES = [(1, 37, 53, 1), (2, 45, 29, 3), (1, 33, 70, 17), (2, 21, 38, 130)]
@@ -212,14 +212,26 @@ def test_tf32x3_solve_and_gradient_match_float64(device):
     assert _rel(gx, gref) < 1e-4
 
 
-def test_distributed_payload_rebuilds_split_parts_bitwise():
+def test_distributed_payload_ships_split_parts():
     p = _problem(1, 29, 31, 5, torch.device("cpu"))
     for side in (p.X, p.Y):
-        pts, sqw = _payload(side)
-        assert pts.dtype == torch.float32  # the parts are rebuilt, not shipped
-        back = _unpack(pts, sqw, side)
+        # The iterations ship the parts the owner made once: nothing is re-split on arrival.
+        pts, sqw = payload(side, "triton", grad=False)
+        assert pts.dtype == torch.float16 and torch.equal(pts, side.xk)
+        back = unpack(pts, sqw, side, "triton")
+        assert back.split and torch.equal(back.xk, side.xk) and back.kscale == side.kscale
+        # its points (hi + lo) · kscale: 22 bits of the owner's (the large-eps shift only)
+        assert float((back.x - side.x).abs().max()) <= 2.0**-20 * float(side.x.abs().max())
+        # A gradient sweep ships the float32 points (its transport reads them): split once
+        # on arrival, bitwise the owner's parts.
+        pts, sqw = payload(side, "triton", grad=True)
+        assert pts.dtype == torch.float32
+        back = unpack(pts, sqw, side, "triton")
         assert back.split and torch.equal(back.xk, side.xk) and torch.equal(back.x, side.x)
-        assert back.kscale == side.kscale
+        # the torch backend reads the points only
+        pts, sqw = payload(side, "torch", grad=False)
+        back = unpack(pts, sqw, side, "torch")
+        assert back.xk is None and torch.equal(back.x, side.x)
 
 
 def test_split_sides_are_never_read_as_grid_copies():

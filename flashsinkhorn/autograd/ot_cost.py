@@ -41,10 +41,16 @@ def _weight_grad(res: SinkhornResult, side: str) -> torch.Tensor:
     # â_i / a_i = exp((pot_i − T_i) / eps), with T the soft-min of this side (one pass); it
     # stays finite where a_i = 0.
     _, raw = res.solution.backend.softmin(R, Cs, other, eps, pot, 0.0, 1.0, True, problem.precision)
+    return relaxed_weight_grad(R, pot, raw, eps, Cs.mass[:, None])
+
+
+def relaxed_weight_grad(R, pot: torch.Tensor, raw: torch.Tensor, eps: float, other_mass):
+    """φ'(pot) − eps · â/w + eps · m, the weight gradient of a problem with a KL side, from
+    the potential of side ``R``, its raw soft-min ``raw`` and the other side's mass m."""
     # eps (m(b) − â/a) = eps (m(b) − 1) − eps expm1(·): no cancellation at large eps
     dratio = torch.expm1((pot - raw) / eps)
     dphi = pot if R.rho is None else R.rho * -torch.expm1(-pot / R.rho)
-    return dphi - eps * dratio + eps * (Cs.mass[:, None] - 1.0)
+    return dphi - eps * dratio + eps * (other_mass - 1.0)
 
 
 def _reduce_like(grad: torch.Tensor, like: torch.Tensor, batched: bool) -> torch.Tensor:

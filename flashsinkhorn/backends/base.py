@@ -111,6 +111,34 @@ class Backend(ABC):
         """
         return self.softmin(X, X, f, eps, f, alpha, beta, want_raw, precision)
 
+    def softmin_pair(
+        self,
+        first: tuple,
+        second: tuple,
+        eps: float,
+        alpha: float,
+        want_raw: bool,
+        precision: str,
+    ) -> tuple[tuple, tuple]:
+        """Two independent half-steps, each with its own rows and columns; a backend may run
+        them in one launch (a sharded problem's x rows against some y columns and y rows
+        against some x columns: four sides, where ``symmetric_step`` has two).
+
+        Args:
+            first: ``(rows, cols, col_pot, old, beta)`` of one half-step.
+            second: the same for the other.
+            eps, alpha, want_raw, precision: as in :meth:`softmin`, shared by both.
+
+        Returns:
+            ``((out, raw or None), (out, raw or None))``, one per half-step.
+        """
+        r1, c1, p1, o1, b1 = first
+        r2, c2, p2, o2, b2 = second
+        return (
+            self.softmin(r1, c1, p1, eps, o1, alpha, b1, want_raw, precision),
+            self.softmin(r2, c2, p2, eps, o2, alpha, b2, want_raw, precision),
+        )
+
     # Transport operators from potentials (docs/transport.md). Not abstract, so that a partial
     # backend (e.g. a test double) still instantiates; both shipped backends implement them.
 

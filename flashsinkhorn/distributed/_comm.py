@@ -61,10 +61,14 @@ class Comm:
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
         self.device = device
-        self.next_peer = self._global((self.rank + 1) % self.world)
-        self.prev_peer = self._global((self.rank - 1) % self.world)
+        self.next_peer = self.global_rank((self.rank + 1) % self.world)
+        self.prev_peer = self.global_rank((self.rank - 1) % self.world)
+        # Receive buffers of the ring, per buffer layout (RingBuffers)
+        self._pools: dict = {}
 
-    def _global(self, group_rank: int) -> int:
+    def global_rank(self, group_rank: int) -> int:
+        """The default group's rank of this group's rank ``group_rank`` (point-to-point
+        operations and broadcasts name peers by their global rank)."""
         return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
 
     def all_reduce(self, t: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
@@ -127,19 +131,31 @@ class Comm:
         At step s this rank holds the buffers of rank ``(rank - s) mod world``: it posts their
         non-blocking send to the next rank and the receive of the following shard from the
         previous rank (one ``batch_isend_irecv``), calls ``visit(owner, buffers)`` meanwhile,
-        then waits for the transfer.
+        then waits for the transfer. The receives land in two slots of flat buffers sized for
+        the largest shard, allocated once per layout and reused by every later pass: the slot
+        being visited (and sent) is never the one being received into.
 
         Args:
             local: this rank's buffers (contiguous).
             shapes: ``shapes(r)`` gives the (shape, dtype) of each buffer of rank r.
-            visit: called once per rank's buffers, this rank's own first.
+            visit: called once per rank's buffers, this rank's own first; it must not keep
+                references to them (the slots are overwritten by the next passes).
         """
+        if self.world == 1:
+            visit(self.rank, local)
+            return
+        layouts = [shapes(r) for r in range(self.world)]
+        pool = self._pool(layouts)
         owner, cur = self.rank, local
         for step in range(self.world):
             reqs = []
             if step < self.world - 1:
                 src = (owner - 1) % self.world
-                nxt = [torch.empty(s, dtype=dt, device=self.device) for s, dt in shapes(src)]
+                slot = pool[step % 2]
+                nxt = [
+                    buf[: math.prod(s)].view(s)
+                    for buf, (s, _) in zip(slot, layouts[src], strict=True)
+                ]
                 ops = [dist.P2POp(dist.isend, t, self.next_peer, self.group) for t in cur]
                 ops += [dist.P2POp(dist.irecv, t, self.prev_peer, self.group) for t in nxt]
                 reqs = dist.batch_isend_irecv(ops)
@@ -148,3 +164,20 @@ class Comm:
                 r.wait()
             if reqs:
                 owner, cur = src, nxt
+
+    def _pool(self, layouts) -> list[list[torch.Tensor]]:
+        """Two slots of flat receive buffers for these per-rank layouts (cached)."""
+        key = tuple(tuple((tuple(s), dt) for s, dt in lay) for lay in layouts)
+        pool = self._pools.get(key)
+        if pool is None:
+            sizes = [max(math.prod(lay[i][0]) for lay in layouts) for i in range(len(layouts[0]))]
+            dtypes = [dt for _, dt in layouts[0]]
+            pool = [
+                [
+                    torch.empty(n, dtype=dt, device=self.device)
+                    for n, dt in zip(sizes, dtypes, strict=True)
+                ]
+                for _ in range(2)
+            ]
+            self._pools[key] = pool
+        return pool

@@ -1,166 +1,47 @@
-"""A sharded OT problem: validation across ranks, global facts, and the two sweep engines.
+"""A sharded OT problem: validation across ranks, global facts, sweeps and the solver.
 
 Each rank holds contiguous shards of the rows of x and y. Every fact that the single-process
 solver derives from the whole clouds is computed here from all-reduced partial sums: the
-joint weighted mean (centring), uniform weights 1/n_global, the TF32 grid scale (max over
-ranks), the annealing diameter (global bounding box), the balanced-mass check, the marginal
-error of the convergence test and the dual value. The canonical form is the one of
-``problem.prepare``: centred points (rounded to the TF32/float16 grid for precision "tf32"),
-squared norms, weights and log-weights in :class:`~flashsinkhorn.problem.Side` objects.
+joint weighted mean (centring), uniform weights 1/n_global, the statistics of the range
+checks (largest coordinate and squared norm, bounding box, masses: one all-reduce), hence the
+TF32 grid scale, the annealing ladder, the plan floor and the large-eps threshold
+(``limits.admit`` on global statistics), the balanced-mass check, the marginal error of the
+convergence test and the dual value. The canonical form is the one of ``problem.prepare``:
+centred points (rounded to the TF32/float16 grid for precision "tf32"), squared norms,
+weights and log-weights in :class:`~flashsinkhorn.problem.Side` objects.
 
-A *sweep* computes, for the local rows of one or both sides, the soft-min T against all
-columns of the other side (and/or the envelope gradient):
-
-- ``mode="gather"``: the points are all-gathered once; a sweep all-gathers the column
-  potentials (one collective of O(n + m) values) and runs the local backend primitive on
-  rows = local shard, columns = whole other cloud;
-- ``mode="ring"``: the shards of the other side (points, squared norms, weights, potential)
-  pass around the ring while each rank merges per-shard soft-mins by log-sum-exp (and sums
-  per-shard transport gradients); nothing of size n or m is replicated.
+The self terms of a divergence are views of the joint problem (:meth:`Sharded.self_view`):
+one side on both ends, one potential, as ``engine.solve_divergence`` runs them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import copy
+import math
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
 
 from .. import _validation as V
+from .. import limits
 from ..backends import resolve_backend
 from ..backends.base import Backend
-from ..engine import resolve_precision
-from ..options import SinkhornOptions
-from ..problem import Problem, Side, centred_side, kernel_scale, split_half
-from ..solvers import eps_schedule, solve
-from ..solvers.annealing import cost_range
-from ..solvers.objective import _phi, side_error
+from ..engine import resolve_precision, schedule_for
+from ..problem import Problem, Side, Stats, centred_side, kernel_scale
+from ..solvers import solve
+from ..solvers.objective import (
+    mass_gap_of,
+    nominal_sum,
+    phi_from_sum,
+    phi_integrand,
+    plan_gap_integrand,
+    relaxed_integrand,
+    side_error,
+)
+from . import _checks as C
 from ._comm import Comm, comm_device, require_group
-
-MODES = ("gather", "ring")
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def _check_options(options: dict) -> tuple[SinkhornOptions, str]:
-    """Validates the solver options and the mode; raises ValueError/TypeError naming them."""
-    mode = V.check_choice("mode", options.pop("mode"), MODES)
-    return SinkhornOptions.build(**options), mode
-
-
-def _option_codes(opts: SinkhornOptions, mode: str) -> list[float]:
-    """The options as numbers, for the cross-rank comparison (None is -1)."""
-    out = []
-    for v in [*opts.solver_kwargs().values(), mode]:
-        if isinstance(v, str):
-            v = float(sum(ord(c) * 31**i for i, c in enumerate(v)) % 1_000_003)
-        out.append(-1.0 if v is None else float(v))
-    return out
-
-
-#: Names of the compared options, in the order of ``_option_codes``.
-_OPTION_NAMES = (*SinkhornOptions(eps=1.0).solver_kwargs(), "mode")
-
-
-def _check_local(x, y, a, b, device: torch.device):
-    """Checks this rank's shards; returns the weights as (n,) / (m,) or None."""
-    V.check_points("x_local", x)
-    V.check_points("y_local", y)
-    for name, t in (("x_local", x), ("y_local", y)):
-        if t.dim() != 2:
-            raise ValueError(
-                f"{name} must be 2-D (n_local, d): flashsinkhorn.distributed shards the rows "
-                f"of one problem and does not take batched (B, n, d) clouds, got shape "
-                f"{tuple(t.shape)}"
-            )
-    V.check_pair(x, y)
-    if x.device != device:
-        raise ValueError(
-            f"x_local and y_local must be on {device}, the device of this process group's "
-            f"communication (NCCL: the current CUDA device, set with torch.cuda.set_device; "
-            f"gloo: the CPU), got {x.device}"
-        )
-    return V.check_weights("a_local", a, x), V.check_weights("b_local", b, y)
-
-
-def _exchange_meta(comm: Comm, failure, x, y, a, b, codes: list[float] | None):
-    """One all_gather of shapes and options; raises the same error on every rank.
-
-    Returns:
-        (sizes of the x shards, sizes of the y shards), in rank order.
-    """
-    if failure is None:
-        meta = [0.0, x.shape[1], x.shape[0], y.shape[0], _DTYPES.index(x.dtype)]
-        meta += [a is not None, b is not None, *codes]
-    else:
-        meta = [1.0] + [0.0] * (6 + len(_OPTION_NAMES))
-    t = torch.tensor(meta, dtype=torch.float64, device=comm.device)
-    rows = torch.stack(comm.all_gather(t)).cpu()
-    bad = [r for r in range(comm.world) if rows[r, 0] != 0]
-    if failure is not None:
-        raise failure
-    if bad:
-        raise ValueError(
-            f"invalid arguments on rank(s) {bad} of the process group (see the error raised "
-            "there); every rank stops"
-        )
-
-    def column(i):
-        return [rows[r, i].item() for r in range(comm.world)]
-
-    if len(set(column(1))) > 1:
-        raise ValueError(
-            "x_local and y_local must have the same feature dimension d on every rank, got "
-            f"d = {[int(v) for v in column(1)]} across ranks"
-        )
-    if len(set(column(4))) > 1:
-        raise TypeError(
-            "x_local and y_local must have the same dtype on every rank, got "
-            f"{[str(_DTYPES[int(v)]) for v in column(4)]} across ranks"
-        )
-    for i, name in ((5, "a_local"), (6, "b_local")):
-        if len(set(column(i))) > 1:
-            raise ValueError(f"{name} must be given on every rank or on none (None: uniform)")
-    for i, name in enumerate(_OPTION_NAMES):
-        if len(set(column(7 + i))) > 1:
-            raise ValueError(f"{name} must be the same on every rank")
-    return [int(v) for v in column(2)], [int(v) for v in column(3)]
-
-
-def _payload(side: Side) -> list[torch.Tensor]:
-    """What represents a Side on the wire: kernel points (B=1) and (2, n) norms + weights.
-
-    Grid copies ("tf32") travel as float16; split parts ("tf32x3") are rebuilt from the
-    float32 points on arrival, so those travel instead.
-    """
-    pts = side.xk if side.xk is not None and not side.split else side.x
-    return [pts.contiguous(), torch.cat([side.sq, side.w], 0)]
-
-
-def _unpack(pts: torch.Tensor, sqw: torch.Tensor, like: Side) -> Side:
-    """Rebuilds a Side from its payload; bit-identical to the Side its owner built."""
-    if like.split:
-        x, xk = pts, split_half(pts, like.kscale)
-    elif like.xk is not None:
-        x, xk = pts.to(torch.float32) * like.kscale, pts
-    else:
-        x, xk = pts, None
-    w = sqw[1:2]
-    return Side(x=x, sq=sqw[0:1], w=w, logw=w.log(), rho=like.rho, xk=xk, kscale=like.kscale)
-
-
-def _merge_softmin(prev: torch.Tensor | None, t: torch.Tensor, eps: float) -> torch.Tensor:
-    """Soft-min over the union of column shards: T = −eps · LSE_k(−T_k / eps).
-
-    A shard of zero-weight columns has T_k = +inf and drops out (logaddexp of −inf).
-    """
-    if prev is None:
-        return t
-    return -eps * torch.logaddexp(-prev / eps, -t / eps)
-
-
-def _epilogue(old, t, alpha: float, beta: float) -> torch.Tensor:
-    """alpha · old + beta · T, as the backends write it."""
-    return beta * t if alpha == 0.0 else alpha * old + beta * t
+from ._sweep import LargeMerge, epilogue, merge_softmin, payload, unit_columns, unpack
 
 
 @dataclass
@@ -176,27 +57,75 @@ class SolveOutput:
     errors: list[tuple[int, float]] = field(default_factory=list)
 
 
-class Sharded:
-    """This rank's part of a sharded OT problem and the engine that sweeps it."""
+@dataclass(frozen=True)
+class Masses:
+    """Global masses of one side: the weights' sum and the nominal mass the soft-mins and the
+    value attribute to it (``Side.nominal_mass``), both (1,); per-rank shard sums (host)."""
 
-    def __init__(self, x, y, a, b, *, group, **options):
+    total: torch.Tensor
+    nominal: torch.Tensor
+    renormalised: bool
+    shards: tuple[float, ...]
+    #: ln of the nominal mass, on the host
+    log_nominal: float
+
+
+def _side_stats(Xc, Yc, wa, wb) -> torch.Tensor:
+    """This rank's statistics for the MAX all-reduce: largest |coordinate|, −lo and hi of the
+    bounding box, largest squared norm, over every point and over the points with mass (±inf
+    where this rank has none: they drop out of the maximum)."""
+    pts = torch.cat([Xc[0], Yc[0]])
+    live = (torch.cat([wa[0], wb[0]]) > 0)[:, None]
+    sq = (pts * pts).sum(-1, keepdim=True)
+    parts = [pts.abs().max().reshape(1), -pts.amin(0), pts.amax(0), sq.max().reshape(1)]
+    parts += [-torch.where(live, pts, math.inf).amin(0), torch.where(live, pts, -math.inf).amax(0)]
+    parts += [torch.where(live, sq, -math.inf).max().reshape(1)]
+    return torch.cat(parts).double()
+
+
+def _stats(vals: list[float], d: int, mass: float) -> Stats:
+    """The problem's :class:`~flashsinkhorn.problem.Stats` from the reduced statistics."""
+    box2 = sum((vals[1 + k] + vals[1 + d + k]) ** 2 for k in range(d))
+    live = vals[2 + 2 * d :]
+    box2_live = sum((live[k] + live[d + k]) ** 2 for k in range(d))
+    return Stats(vals[0], box2, mass, vals[1 + 2 * d], live=(box2_live, live[2 * d]))
+
+
+class Sharded:
+    """This rank's part of a sharded OT problem and the engine that sweeps it.
+
+    Args:
+        x, y, a, b: this rank's shards (checked here, on every rank together).
+        group: the process group (None: the default group).
+        compute_error: whether the caller will compute the marginal error of an unconverged
+            solve (a collective sweep): checked and compared across ranks with the options.
+        extra_check: a callable run with this rank's checks (its error is agreed on too).
+        **options: the solver options and ``mode``.
+    """
+
+    def __init__(self, x, y, a, b, *, group, compute_error=False, extra_check=None, **options):
         require_group(group)
         self.comm = comm = Comm(group, comm_device(group, x))
-        failure = opts = codes = None
-        try:
-            opts, mode = _check_options(dict(options))
-            codes = _option_codes(opts, mode)
-            a, b = _check_local(x, y, a, b, comm.device)
-        except (TypeError, ValueError) as exc:
-            failure = exc
-        self.sizes_x, self.sizes_y = _exchange_meta(comm, failure, x, y, a, b, codes)
-        self.opts = opts
+
+        def checks():
+            opts, mode = C.check_options(dict(options))
+            V.check_bool("compute_error", compute_error)
+            if extra_check is not None:
+                extra_check()
+            local = C.check_local(x, y, a, b, comm.device, opts.check_finite)
+            impl = resolve_backend(opts.backend, x.device, x.dtype)
+            prec = resolve_precision(opts.precision, impl.name, x.dtype)
+            codes = C.option_codes(opts, mode, compute_error)
+            return opts, mode, codes, impl, prec, *local
+
+        opts, mode, codes, self.impl, self.precision, a, b = C.guarded(comm, checks)
+        self.sizes_x, self.sizes_y = C.exchange_meta(comm, x, y, a, b, codes)
         self.n, self.m = sum(self.sizes_x), sum(self.sizes_y)
         self.off_x = sum(self.sizes_x[: comm.rank])
         self.off_y = sum(self.sizes_y[: comm.rank])
-        self.impl = resolve_backend(opts.backend, x.device, x.dtype)
-        self.precision = resolve_precision(opts.precision, self.impl.name, x.dtype)
         self.mode = mode
+        self.opts = opts
+        self.is_self = False
         with torch.no_grad():
             self._build(x.detach(), y.detach(), a, b)
 
@@ -215,150 +144,229 @@ class Sharded:
         wa = weights(a, X.shape[1], self.n)
         wb = weights(b, Y.shape[1], self.m)
         Xc, Yc = X.to(pdtype), Y.to(pdtype)
-        # One all-reduce: flags (counts), masses and weighted sums for the joint mean.
-        flags = [(wa < 0).any(), (wb < 0).any(), ~torch.isfinite(wa).all()]
-        flags += [~torch.isfinite(wb).all()]
-        if opts.check_finite:
-            flags += [~torch.isfinite(X).all(), ~torch.isfinite(Y).all()]
-        flags += [(wa == 0).any(), (wb == 0).any()]
+        # One all-reduce (sum): zero-weight flags, masses, weighted sums for the joint mean,
+        # and this rank's shard masses in its slots (every rank learns every shard's mass).
+        W = comm.world
+        shard = torch.zeros(2 * W, dtype=pdtype, device=X.device)
+        shard[comm.rank], shard[W + comm.rank] = wa.sum(), wb.sum()
+        flags = torch.stack([(wa == 0).any(), (wb == 0).any()]).to(pdtype)
         sx = torch.einsum("bn,bnd->bd", wa, Xc)[0]
         sy = torch.einsum("bm,bmd->bd", wb, Yc)[0]
-        pack = torch.cat([torch.stack(flags).to(pdtype), wa.sum(-1), wb.sum(-1), sx, sy]).to(
-            comm.device
-        )
+        pack = torch.cat([flags, wa.sum(-1), wb.sum(-1), sx, sy, shard]).to(comm.device)
         pack = comm.all_reduce(pack).to(X.device)
-        k = len(flags)
-        *bad, null_a, null_b = (pack[:k] > 0).tolist()
-        names = ["a_local", "b_local", "a_local", "b_local", "x_local", "y_local"]
-        msgs = ["must be non-negative"] * 2 + ["must be finite"] * 2
-        msgs += ["must not contain NaN or inf"] * 2
-        for flag, name, msg in zip(bad, names, msgs, strict=False):
-            if flag:
-                raise ValueError(f"{name} {msg} (on some rank)")
-        ma, mb = pack[k : k + 1], pack[k + 1 : k + 2]
-        if float(ma) <= 0:
+        host = pack[:4].tolist()
+        null_a, null_b = host[0] > 0, host[1] > 0
+        ma, mb = pack[2:3], pack[3:4]
+        if not host[2] > 0:
             raise ValueError("a_local must have a positive total mass over all ranks")
-        if float(mb) <= 0:
+        if not host[3] > 0:
             raise ValueError("b_local must have a positive total mass over all ranks")
-        if opts.rho_x is None and opts.rho_y is None:
+        balanced = opts.rho_x is None and opts.rho_y is None
+        if balanced and (a is not None or b is not None):
             rtol = 1e-6 if pdtype == torch.float64 else 1e-4
-            gap = float((ma - mb).abs() / torch.maximum(ma, mb))
+            gap = abs(host[2] - host[3]) / max(host[2], host[3])
             if gap > rtol:
                 raise ValueError(
                     "a and b must have equal total mass over all ranks in a balanced problem "
                     f"(relative gap {gap:.2e} > {rtol:g}); normalise them or pass rho_x/rho_y "
                     "for an unbalanced problem"
                 )
-        self.ma, self.mb = ma, mb
-        centre = ((pack[k + 2 : k + 2 + d] + pack[k + 2 + d :]) / (ma + mb))[None]
-        self.centre = centre
+        shards = pack[4 + 2 * d :].tolist()
+        centre = ((pack[4 : 4 + d] + pack[4 + d : 4 + 2 * d]) / (ma + mb))[None]
         Xc = Xc - centre[:, None, :]
         Yc = Yc - centre[:, None, :]
+        # One all-reduce (max): the statistics of the range checks and of the TF32 scale.
+        st = comm.all_reduce(_side_stats(Xc, Yc, wa, wb).to(comm.device), dist.ReduceOp.MAX)
+        vals = st.tolist()
+        stats = _stats(vals, d, max(host[2], host[3]))
         kscale = 1.0
         if self.precision in ("tf32", "tf32x3") and x.dtype == torch.float32:
-            amax = torch.maximum(Xc.abs().max(), Yc.abs().max()).reshape(1).to(comm.device)
-            kscale = kernel_scale(self.precision, float(comm.all_reduce(amax, dist.ReduceOp.MAX)))
-        self.X = centred_side(Xc, x.dtype, wa, opts.rho_x, self.precision, kscale, null_a)
-        self.Y = centred_side(Yc, x.dtype, wb, opts.rho_y, self.precision, kscale, null_b)
-        diameter = opts.diameter
-        wants_range = opts.scaling == "auto" and opts.tol is not None
-        if (wants_range or isinstance(opts.scaling, float)) and diameter is None:
-            diameter = self.global_diameter(self.X.x, self.Y.x)
-        self.opts = opts = opts.resolve(cost_range(diameter))
+            kscale = kernel_scale(self.precision, vals[0])
+        sx_ = centred_side(Xc, x.dtype, wa, opts.rho_x, self.precision, kscale, null_a)
+        sy_ = centred_side(Yc, x.dtype, wb, opts.rho_y, self.precision, kscale, null_b)
+        # Nominal masses as ``problem.prepare`` sets them: 1 for uniform weights, the x side's
+        # for both sides of a balanced problem.
+        one = torch.ones_like(ma)
+        nom_x = one if a is None else ma
+        nom_y = (one if a is None else ma) if balanced else (one if b is None else mb)
+        lx = 0.0 if a is None else math.log(host[2])
+        ly = lx if balanced else 0.0 if b is None else math.log(host[3])
+        self.mass_x = Masses(ma, nom_x, a is None, tuple(shards[:W]), lx)
+        self.mass_y = Masses(mb, nom_y, balanced or b is None, tuple(shards[W:]), ly)
+        problem = Problem(sx_, sy_, False, self.precision, centre, stats)
+        opts, eps_list = schedule_for(problem, opts)
         if opts.acceleration == "anderson":
             raise ValueError(
                 "acceleration='anderson' is not available for sharded solves (its mixing "
                 "needs inner products over every rank); use 'overrelax' or 'auto'"
             )
-        self.eps_list = eps_schedule(opts.eps, opts.scaling, diameter, dtype=self.X.sq.dtype)
-        self.payload_x = _payload(self.X)
-        self.payload_y = _payload(self.Y)
+        self.opts, self.eps_list = opts, eps_list
+        # Range checks, the plan floor of a solve with a tolerance, the large-eps sides: from
+        # global statistics, so every rank decides alike.
+        self.problem = limits.admit(problem, eps_list, tol=opts.tol)
+        self.X, self.Y = self.problem.X, self.problem.Y
+        self.centre = centre
+        self.payloads = {}
         if self.mode == "gather":
-            pts = self.comm.gather_dim1(
-                [self.payload_x[0], self.payload_y[0]], [self.sizes_x, self.sizes_y]
+            pts = comm.gather_dim1(
+                [self._payload("X", True)[0], self._payload("Y", True)[0]],
+                [self.sizes_x, self.sizes_y],
             )
-            sqw = self.comm.gather_dim1(
-                [self.payload_x[1], self.payload_y[1]], [self.sizes_x, self.sizes_y]
+            sqw = comm.gather_dim1(
+                [self._payload("X", True)[1], self._payload("Y", True)[1]],
+                [self.sizes_x, self.sizes_y],
             )
-            self.X_all = _unpack(pts[0], sqw[0], self.X)
-            self.Y_all = _unpack(pts[1], sqw[1], self.Y)
+            self.X_all = self._nominal(unpack(pts[0], sqw[0], self.X, self.impl.name), "X")
+            self.Y_all = self._nominal(unpack(pts[1], sqw[1], self.Y, self.impl.name), "Y")
 
-    def global_diameter(self, X: torch.Tensor, Y: torch.Tensor) -> float:
-        """Diagonal of the bounding box of all ranks' points (``estimate_diameter``)."""
-        lo = torch.minimum(X.amin(dim=(0, 1)), Y.amin(dim=(0, 1))).double()
-        hi = torch.maximum(X.amax(dim=(0, 1)), Y.amax(dim=(0, 1))).double()
-        box = self.comm.all_reduce(torch.cat([-lo, hi]).to(self.comm.device), dist.ReduceOp.MAX)
-        d = lo.numel()
-        return float((box[d:] + box[:d]).norm())
+    def _nominal(self, side: Side, which: str) -> Side:
+        """A gathered side whose nominal mass (``Side.nominal_mass``, the M of the large-eps
+        soft-min's eps ln M) is exactly the one of the value (:class:`Masses`): the
+        potentials carry eps ln M, and the value's first-order cancellation of it needs the
+        same M to the last bit (a sum of the weights in another order differs by u·M, which
+        eps multiplies)."""
+        ms = self.mass_x if which == "X" else self.mass_y
+        return replace(side, unit_mass=False, mass_of=ms.nominal.reshape(1, 1))
+
+    def _payload(self, which: str, grad: bool) -> list[torch.Tensor]:
+        key = (which, grad)
+        if key not in self.payloads:
+            side = self.X if which == "X" else self.Y
+            self.payloads[key] = payload(side, self.impl.name, grad)
+        return self.payloads[key]
+
+    def self_view(self, which: str) -> Sharded:
+        """The self problem OT(z, z) of side ``which`` ("X" or "Y") of this joint problem: the
+        same side (centring, operand scale, large-eps threshold), eps ladder and options, one
+        potential (``problem.X is problem.Y``; the loop's self iteration)."""
+        view = copy.copy(self)
+        side = self.X if which == "X" else self.Y
+        ms = self.mass_x if which == "X" else self.mass_y
+        sizes = self.sizes_x if which == "X" else self.sizes_y
+        view.X = view.Y = side
+        view.problem = replace(self.problem, X=side, Y=side)
+        view.mass_x = view.mass_y = ms
+        view.sizes_x = view.sizes_y = sizes
+        view.n = view.m = sum(sizes)
+        view.payloads = {}
+        view.is_self = True
+        if self.mode == "gather":
+            view.X_all = view.Y_all = self.X_all if which == "X" else self.Y_all
+        return view
 
     # ----------------------------------------------------------------------------- sweeps
 
-    def _partial(self, rows, row_pot, cols, col_pot, eps, ops, acc):
-        prec = self.precision
-        if "softmin" in ops:
-            _, t = self.impl.softmin(rows, cols, col_pot, eps, row_pot, 0.0, 1.0, True, prec)
-            acc["softmin"] = _merge_softmin(acc.get("softmin"), t, eps)
-        if "grad" in ops:
-            G, _ = self.impl.transport_grad(rows, cols, row_pot, col_pot, eps, prec)
-            acc["grad"] = G if "grad" not in acc else acc["grad"] + G
+    def _cols_all(self, which: str, unit: bool) -> Side:
+        cols = self.Y_all if which == "X" else self.X_all
+        return replace(cols, unit_mass=True, mass_of=None) if unit else cols
 
-    def sweep(self, f, g, eps: float, ops: dict[str, set[str]]) -> dict[str, dict]:
+    def sweep(self, f, g, eps: float, ops: dict[str, set[str]], unit: bool = False):
         """Soft-mins / envelope gradients of the local rows against all columns.
 
         Args:
             f: (1, n_local) potential of the local x shard.
-            g: (1, m_local) potential of the local y shard.
+            g: (1, m_local) potential of the local y shard (``f`` for a self problem).
             eps: entropic regularisation.
             ops: ``{"X": {...}, "Y": {...}}``, each a subset of {"softmin", "grad"}: for "X"
-                the rows are the local x shard and the columns all of y (potential g).
+                the rows are the local x shard and the columns all of y (potential g). A
+                self problem has only "X".
+            unit: the soft-mins with the columns' nominal mass taken as 1 (no eps ln M term:
+                the value's plan-mass gap at large eps).
 
         Returns:
             ``{"X": {"softmin": T (1, n_local), "grad": (1, n_local, d)}, "Y": {...}}``.
         """
-        acc = {side: {} for side in ops}
+        merges = {s: _Plain(eps) for s in ops}
+        grads: dict[str, torch.Tensor] = {}
         if self.mode == "gather":
             want = [("Y" in ops, f, self.sizes_x), ("X" in ops, g, self.sizes_y)]
-            parts = [(p, s) for need, p, s in want if need]
-            full = self.comm.gather_dim1([p for p, _ in parts], [s for _, s in parts])
-            full = iter(full)
+            parts = [(p, sz) for need, p, sz in want if need]
+            full = iter(self.comm.gather_dim1([p for p, _ in parts], [sz for _, sz in parts]))
             f_all = next(full) if "Y" in ops else None
             g_all = next(full) if "X" in ops else None
+            halves = {}
             if "X" in ops:
-                self._partial(self.X, f, self.Y_all, g_all, eps, ops["X"], acc["X"])
+                halves["X"] = (self.X, self._cols_all("X", unit), self.Y_all, g_all, f, 1.0)
             if "Y" in ops:
-                self._partial(self.Y, g, self.X_all, f_all, eps, ops["Y"], acc["Y"])
-            return acc
-        # Ring: the buffers of rank r are [y points, y norms+weights, g] for the x rows and
-        # [x points, x norms+weights, f] for the y rows.
+                halves["Y"] = (self.Y, self._cols_all("Y", unit), self.X_all, f_all, g, 1.0)
+            self._visit(halves, ops, eps, merges, grads)
+        else:
+            self._sweep_ring(f, g, eps, ops, unit, merges, grads)
+        out = {s: {} for s in ops}
+        for s in ops:
+            if "softmin" in ops[s]:
+                out[s]["softmin"] = merges[s].result()
+            if "grad" in ops[s]:
+                out[s]["grad"] = grads[s]
+        return out
+
+    def _visit(self, halves, ops, eps, merges, grads):
+        """The backend calls against one set of columns.
+
+        ``halves[side]`` is (rows, columns of the soft-min or None to skip it, columns of the
+        gradient, column potential, row potential, the columns' share of the mass).
+        Soft-min-only halves of both sides share one launch (``Backend.softmin_pair``: fused
+        on Triton).
+        """
+        prec = self.precision
+        soft = {s: h for s, h in halves.items() if "softmin" in ops[s] and h[1] is not None}
+        if len(soft) == 2 and ops["X"] == ops["Y"] == {"softmin"}:
+            (r1, c1, _, p1, o1, mu1), (r2, c2, _, p2, o2, mu2) = soft["X"], soft["Y"]
+            (_, t1), (_, t2) = self.impl.softmin_pair(
+                (r1, c1, p1, o1, 1.0), (r2, c2, p2, o2, 1.0), eps, 0.0, True, prec
+            )
+            merges["X"].add(t1, mu1)
+            merges["Y"].add(t2, mu2)
+        else:
+            for s, (rows, cols, _, col_pot, row_pot, mu) in soft.items():
+                _, t = self.impl.softmin(rows, cols, col_pot, eps, row_pot, 0.0, 1.0, True, prec)
+                merges[s].add(t, mu)
+        for s, (rows, _, cols, col_pot, row_pot, _) in halves.items():
+            if "grad" in ops[s]:
+                G, _ = self.impl.transport_grad(rows, cols, row_pot, col_pot, eps, prec)
+                grads[s] = G if s not in grads else grads[s] + G
+
+    def _sweep_ring(self, f, g, eps, ops, unit, merges, grads):
+        """The ring pass: the buffers of rank r are [y operands, y norms+weights, g] for the
+        x rows and [x operands, x norms+weights, f] for the y rows."""
+        grad = any("grad" in o for o in ops.values())
+        large = eps >= self.X.large_eps
+        sides = {"X": (self.X, self.Y, self.mass_y, g, f), "Y": (self.Y, self.X, self.mass_x, f, g)}
+        if large:
+            for s in ops:
+                rows, _, ms, _, _ = sides[s]
+                log_mass = 0.0 if unit else ms.log_nominal
+                merges[s] = LargeMerge(rows, eps, log_mass)
         local = []
-        if "X" in ops:
-            local += [*self.payload_y, g]
-        if "Y" in ops:
-            local += [*self.payload_x, f]
-        pts_x, pts_y = self.payload_x[0], self.payload_y[0]
-        d = pts_x.shape[-1]
+        for s in ops:
+            cols_name = "Y" if s == "X" else "X"
+            local += [*self._payload(cols_name, grad), sides[s][3]]
+        fmt = {s: self._payload("Y" if s == "X" else "X", grad)[0] for s in ops}
 
         def shapes(r):
             out = []
-            for side, n_r, pts in (("X", self.sizes_y[r], pts_y), ("Y", self.sizes_x[r], pts_x)):
-                if side in ops:
-                    out += [((1, n_r, d), pts.dtype), ((2, n_r), self.pdtype)]
-                    out += [((1, n_r), self.pdtype)]
+            for s in ops:
+                n_r = (self.sizes_y if s == "X" else self.sizes_x)[r]
+                pts = fmt[s]
+                out += [((1, n_r, pts.shape[-1]), pts.dtype), ((2, n_r), self.pdtype)]
+                out += [((1, n_r), self.pdtype)]
             return out
 
         def visit(owner, bufs):
-            i = 0
-            if "X" in ops:
-                cols = self.Y if owner == self.comm.rank else _unpack(bufs[0], bufs[1], self.Y)
-                self._partial(self.X, f, cols, bufs[2], eps, ops["X"], acc["X"])
-                i = 3
-            if "Y" in ops:
-                own = owner == self.comm.rank
-                cols = self.X if own else _unpack(bufs[i], bufs[i + 1], self.X)
-                self._partial(self.Y, g, cols, bufs[i + 2], eps, ops["Y"], acc["Y"])
+            halves = {}
+            for i, s in enumerate(ops):
+                rows, like, ms, _, row_pot = sides[s]
+                pts, sqw, pot = bufs[3 * i : 3 * i + 3]
+                cols = like if owner == self.comm.rank else unpack(pts, sqw, like, self.impl.name)
+                mass = ms.shards[owner]
+                soft = cols
+                if large:
+                    # columns at mass 1 for LargeMerge; a massless shard adds nothing
+                    soft = unit_columns(cols, mass) if mass > 0 else None
+                halves[s] = (rows, soft, cols, pot, row_pot, mass / sum(ms.shards))
+            self._visit(halves, ops, eps, merges, grads)
 
         self.comm.ring(local, shapes, visit)
-        return acc
 
     def softmins(self, f, g, eps, sides: tuple[str, ...]) -> list[torch.Tensor]:
         """Raw soft-mins T of the requested sides ("X": of f's rows from g; "Y": from f)."""
@@ -367,40 +375,79 @@ class Sharded:
 
     # ---------------------------------------------------------------------------- solver
 
-    def _global_error(self, err: torch.Tensor) -> torch.Tensor:
+    def global_error(self, err: torch.Tensor) -> torch.Tensor:
+        """The marginal error of the whole problem from this rank's part (all-reduce)."""
         return self.comm.all_reduce(err.to(self.comm.device)).to(err.device)
 
     def solve(self, compute_error: bool) -> SolveOutput:
         """The library's solver loop on this rank's rows, with sweeps over all columns and
         the convergence test on the global error (:class:`ShardedBackend`)."""
-        problem = Problem(self.X, self.Y, batched=False, precision=self.precision)
-        st = solve(problem, ShardedBackend(self), self.eps_list, self.opts)
+        st = solve(self.problem, ShardedBackend(self), self.eps_list, self.opts)
         err = st.marginal_error
         if not st.converged and compute_error:
+            limits.check_plan(
+                self.problem, st.eps,
+                "the marginal error (compute_error=True; compute_error=False returns the "
+                "value and the potentials)",
+            )  # fmt: skip
             err = self.marginal_error(st.f, st.g, st.eps)
         return SolveOutput(st.f, st.g, st.eps, st.n_iters, st.converged, err, st.errors)
 
     def marginal_error(self, f, g, eps) -> torch.Tensor:
         """(1,) global ‖P1 − a‖₁ + ‖Pᵀ1 − b‖₁ of the plan (f, g) (collective)."""
+        if self.is_self:
+            (tf,) = self.softmins(f, f, eps, ("X",))
+            # both marginals of a self plan are equal (solvers/loop.py)
+            return self.global_error(2.0 * side_error(self.X, f, tf, eps))
         tf, tg = self.softmins(f, g, eps, ("X", "Y"))
         err = side_error(self.X, f, tf, eps) + side_error(self.Y, g, tg, eps)
-        return self._global_error(err)
+        return self.global_error(err)
 
     def value(self, f, g, eps) -> torch.Tensor:
-        """(1,) OT_eps from the dual (``objective.dual_value``), reduced over ranks."""
-        X, Y = self.X, self.Y
-        parts = [_phi(X, f), _phi(Y, g)]
-        relaxed = X.rho is not None and Y.rho is not None
-        if relaxed:
-            parts += [(X.w * torch.exp(-f / X.rho)).sum(-1), (Y.w * torch.exp(-g / Y.rho)).sum(-1)]
-        t = self.comm.all_reduce(torch.cat(parts).to(self.comm.device)).to(f.device)
-        if X.rho is None:
-            mass = self.ma
-        elif Y.rho is None:
-            mass = self.mb
+        """(1,) OT_eps from the dual, as ``objective.dual_value`` on the whole clouds: the
+        weighted sums are all-reduced (one collective), the nominal masses are global.
+
+        Two KL sides at large eps take the plan's mass gap from one more sweep, against the
+        columns at mass 1 (``objective._plan_mass_gap``).
+        """
+        X, Y, mx, my = self.X, self.Y, self.mass_x, self.mass_y
+        two_kl = X.rho is not None and Y.rho is not None
+        large = two_kl and eps >= X.large_eps
+        sums = [(X.w * phi_integrand(X, f)).sum(-1), (Y.w * phi_integrand(Y, g)).sum(-1)]
+        if large:
+            (t_hat,) = [self.sweep(f, g, eps, {"X": {"softmin"}}, unit=True)["X"]["softmin"]]
+            sums.append((X.w * plan_gap_integrand(f, t_hat, eps)).sum(-1))
+        elif two_kl:
+            sums += [(X.w * relaxed_integrand(X, f)).sum(-1)]
+            sums += [(Y.w * relaxed_integrand(Y, g)).sum(-1)]
+        t = self.comm.all_reduce(torch.cat(sums).to(self.comm.device)).to(f.device)
+
+        def nominal(ms: Masses, k: int):
+            return nominal_sum(ms.renormalised, t[k : k + 1], ms.total, ms.nominal)
+
+        phi = phi_from_sum(X, nominal(mx, 0)) + phi_from_sum(Y, nominal(my, 1))
+        if large:
+            gap = mx.nominal * my.nominal * (t[2:3] / mx.total)
+        elif two_kl:
+            gap = mass_gap_of(X.rho, Y.rho, mx.nominal, my.nominal, nominal(mx, 2), nominal(my, 3))
         else:
-            mass = 0.5 * (t[2:3] + t[3:4])
-        return t[0:1] + t[1:2] - eps * (mass - self.ma * self.mb)
+            gap = mass_gap_of(X.rho, Y.rho, mx.nominal, my.nominal)
+        return phi - eps * gap
+
+
+class _Plain:
+    """The merge of per-shard soft-mins below the large-eps threshold (``merge_softmin``);
+    in gather mode the one soft-min against all columns."""
+
+    def __init__(self, eps: float):
+        self.t = None
+        self.eps = eps
+
+    def add(self, t: torch.Tensor, mu: float) -> None:
+        self.t = merge_softmin(self.t, t, self.eps)
+
+    def result(self) -> torch.Tensor:
+        return self.t
 
 
 class ShardedBackend(Backend):
@@ -422,12 +469,12 @@ class ShardedBackend(Backend):
 
     def softmin(self, rows, cols, col_pot, eps, old, alpha, beta, want_raw, precision):
         t = self._raw(rows, old, col_pot, eps)
-        return _epilogue(old, t, alpha, beta), (t if want_raw else None)
+        return epilogue(old, t, alpha, beta), (t if want_raw else None)
 
     def symmetric_step(self, X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision,
                        phase="cold"):  # fmt: skip
         tf, tg = self.sh.softmins(f, g, eps, ("X", "Y"))
-        return _epilogue(f, tf, alpha, beta_x), _epilogue(g, tg, alpha, beta_y), tf, tg
+        return epilogue(f, tf, alpha, beta_x), epilogue(g, tg, alpha, beta_y), tf, tg
 
     def reduce_error(self, err: torch.Tensor) -> torch.Tensor:
-        return self.sh._global_error(err)
+        return self.sh.global_error(err)

@@ -1,11 +1,15 @@
 """Differentiable sharded losses: :func:`ot_cost` and :func:`sinkhorn_divergence`.
 
 Convention: the returned value is the global loss, identical on every rank. Call
-``backward()`` on every rank (the ring mode's backward is a collective): each rank then
-receives the gradient of that one global loss with respect to its own shards, which is the
-slice of the single-process gradient. Nothing is summed or averaged over ranks in the
-backward, so summing the per-rank losses, or averaging gradients over ranks, would count
-the loss ``world`` times.
+``backward()`` on every rank (the backward is a collective): each rank then receives the
+gradient of that one global loss with respect to its own shards, which is the slice of the
+single-process gradient. Nothing is summed or averaged over ranks in the backward, so summing
+the per-rank losses, or averaging gradients over ranks, would count the loss ``world`` times.
+
+As in the single-process losses, a solve with a tolerance that stops at ``n_iters`` warns
+(:class:`~flashsinkhorn.ConvergenceWarning`, once per call, on every rank: the convergence
+facts are global, so a filter that turns the warning into an exception stops every rank
+alike), and gradients below the float32 plan floor raise (``limits.check_plan``).
 """
 
 from __future__ import annotations
@@ -14,19 +18,44 @@ import torch
 import torch.distributed as dist
 
 from .. import _validation as V
+from .. import limits
+from .._convergence import SolveReport, report, warn_unconverged
 from ..autograd.guard import guard_second_order
+from ..autograd.ot_cost import relaxed_weight_grad
 from ..options import public_options
 from ._comm import require_group
 from ._engine import Sharded
 from .solver import _run
 
 
+def _agreed_needs(sh: Sharded, need: list[bool]) -> list[bool]:
+    """The gradients some rank needs (one all-reduce): the backward sweeps are collectives,
+    so every rank must run the same ones even where its own shards need none."""
+    t = torch.tensor([float(v) for v in need], dtype=torch.float32, device=sh.comm.device)
+    return [v > 0 for v in sh.comm.all_reduce(t, dist.ReduceOp.MAX).tolist()]
+
+
+def _point_ops(sh: Sharded, need: list[bool]) -> dict[str, set[str]]:
+    """The sweep of the gradients of OT(x, y): point gradients, and for a problem with a KL
+    side the soft-mins of the weight gradients."""
+    balanced = sh.X.rho is None and sh.Y.rho is None
+    ops = {"X": set(), "Y": set()}
+    for k, side in ((0, "X"), (1, "Y")):
+        if need[k]:
+            ops[side].add("grad")
+        if not balanced and need[2 + k]:
+            ops[side].add("softmin")
+    return {k: v for k, v in ops.items() if v}
+
+
 class _DistOTCost(torch.autograd.Function):
-    """``apply(x_local, y_local, a_local, b_local, options)`` → global OT_eps (0-d)."""
+    """``apply(x_local, y_local, a_local, b_local, options, reports)`` → global OT_eps (0-d);
+    how the solve ended is appended to ``reports``."""
 
     @staticmethod
-    def forward(ctx, x, y, a, b, options):
+    def forward(ctx, x, y, a, b, options, reports):
         sh, out, value = _run(x, y, a, b, **options)
+        reports.append(report("OT(x, y)", out))
         ctx.sh, ctx.out = sh, out
         ctx.save_for_backward(x, y, a, b)
         return value[0].clone()
@@ -36,52 +65,40 @@ class _DistOTCost(torch.autograd.Function):
         x, y, a, b = ctx.saved_tensors
         sh: Sharded = ctx.sh
         out = ctx.out
-        need = ctx.needs_input_grad
-        balanced = sh.X.rho is None and sh.Y.rho is None
-        ops = {"X": set(), "Y": set()}
-        if need[0]:
-            ops["X"].add("grad")
-        if need[1]:
-            ops["Y"].add("grad")
-        if not balanced and need[2] and a is not None:
-            ops["X"].add("softmin")
-        if not balanced and need[3] and b is not None:
-            ops["Y"].add("softmin")
-        ops = {k: v for k, v in ops.items() if v}
-        gx = gy = ga = gb = None
+        limits.check_plan(sh.problem, out.eps, "gradients")
+        need = list(ctx.needs_input_grad[:4])
+        need[2] = need[2] and a is not None
+        need[3] = need[3] and b is not None
+        ops = _point_ops(sh, _agreed_needs(sh, need))
+        grads = [None] * 4
         with torch.no_grad():
             go = grad_out.reshape(()).to(sh.pdtype)
             res = sh.sweep(out.f, out.g, out.eps, ops) if ops else {}
-            if need[0]:
-                gx = (res["X"]["grad"][0] * go).to(x.dtype)
-            if need[1]:
-                gy = (res["Y"]["grad"][0] * go).to(y.dtype)
-            if need[2] and a is not None:
-                ga = _weight_grad(sh, "X", out, res) * go
-                ga = ga.reshape(a.shape).to(a.dtype)
-            if need[3] and b is not None:
-                gb = _weight_grad(sh, "Y", out, res) * go
-                gb = gb.reshape(b.shape).to(b.dtype)
-        gx, gy, ga, gb = guard_second_order((gx, gy, ga, gb), (x, y, a, b))
-        return gx, gy, ga, gb, None
+            for k, side, t in ((0, "X", x), (1, "Y", y)):
+                if need[k]:
+                    grads[k] = (res[side]["grad"][0] * go).to(t.dtype)
+            for k, side, w in ((2, "X", a), (3, "Y", b)):
+                if need[k]:
+                    pot = out.f if side == "X" else out.g
+                    raw = res.get(side, {}).get("softmin")
+                    gw = _weight_grad(sh, side, pot, raw, out.eps) * go
+                    grads[k] = gw.reshape(w.shape).to(w.dtype)
+        gx, gy, ga, gb = guard_second_order(tuple(grads), (x, y, a, b))
+        return gx, gy, ga, gb, None, None
 
 
-def _weight_grad(sh: Sharded, side: str, out, res) -> torch.Tensor:
+def _weight_grad(sh: Sharded, side: str, pot, raw, eps: float) -> torch.Tensor:
     """(n_local,) gradient of the dual value w.r.t. this rank's weights of one side.
 
-    Balanced: the potential (GeomLoss convention). KL-relaxed: φ'(pot) − eps · â/w + eps · m,
-    with m the global mass of the other side (``autograd/ot_cost.py``).
+    Balanced: the potential (GeomLoss convention). With a KL side: the partial derivative of
+    the dual objective (``autograd.ot_cost.relaxed_weight_grad``), with the global mass of
+    the other side.
     """
-    R = sh.X if side == "X" else sh.Y
-    pot = out.f if side == "X" else out.g
     if sh.X.rho is None and sh.Y.rho is None:
         return pot[0]
-    eps = out.eps
-    raw = res[side]["softmin"]
-    ratio = torch.exp((pot - raw) / eps)
-    dphi = pot if R.rho is None else R.rho * -torch.expm1(-pot / R.rho)
-    other_mass = sh.mb if side == "X" else sh.ma
-    return (dphi - eps * ratio + eps * other_mass)[0]
+    R = sh.X if side == "X" else sh.Y
+    other = sh.mass_y if side == "X" else sh.mass_x
+    return relaxed_weight_grad(R, pot, raw, eps, other.total)[0]
 
 
 def _options(group, mode, **kw) -> dict:
@@ -136,33 +153,91 @@ def ot_cost(
         float64 points). Its gradient w.r.t. each local input is the slice of the
         single-process gradient: do not sum it over ranks.
 
+    Warns (:class:`~flashsinkhorn.ConvergenceWarning`) once, on every rank, when the solve has
+    a ``tol`` and stops at ``n_iters``.
+
     Raises:
         RuntimeError: when no process group is initialised, or on a second derivative.
-        ValueError, TypeError: for invalid arguments, on every rank.
+        ValueError, TypeError: for invalid arguments, on every rank; below the float32 plan
+            floor, by ``backward()``, on every rank.
     """
     options = _options(group, mode, **public_options(locals()))
-    return _DistOTCost.apply(x_local, y_local, a_local, b_local, options)
+    reports: list[SolveReport] = []
+    value = _DistOTCost.apply(x_local, y_local, a_local, b_local, options, reports)
+    warn_unconverged("flashsinkhorn.distributed.ot_cost", reports, n_iters, tol)
+    return value
 
 
-class _GlobalSum(torch.autograd.Function):
-    """Sum over ranks whose backward is the identity (value identical on every rank)."""
+class _DistDivergence(torch.autograd.Function):
+    """``apply(x_local, y_local, a_local, b_local, options, reports)`` → global S_eps (0-d).
+
+    One sharded problem serves the three solves, as ``engine.solve_divergence`` does: OT(x, y)
+    on it, OT(x, x) and OT(y, y) on its self views (the same centring, operand scale, eps
+    ladder and large-eps threshold; one potential, one soft-min per iteration).
+    """
 
     @staticmethod
-    def forward(ctx, t, group):
-        out = t.detach().clone()
-        dist.all_reduce(out, group=group)
-        return out
+    def forward(ctx, x, y, a, b, options, reports):
+        options = dict(options)
+        group = options.pop("group")
+        rho = (options["rho_x"], options["rho_y"])
+        sh = Sharded(x, y, a, b, group=group, extra_check=lambda: V.check_divergence_rho(*rho),
+                     **options)  # fmt: skip
+        terms = []
+        with torch.no_grad():
+            for label, prob in (
+                ("OT(x, y)", sh), ("OT(x, x)", sh.self_view("X")), ("OT(y, y)", sh.self_view("Y"))
+            ):  # fmt: skip
+                out = prob.solve(False)
+                reports.append(report(label, out))
+                terms.append((prob, out, prob.value(out.f, out.g, out.eps)))
+            div = terms[0][2] - 0.5 * (terms[1][2] + terms[2][2])
+            if sh.X.rho is not None:
+                # the unbalanced debiasing term eps/2 (m_a − m_b)² of losses.divergence_points
+                div = div + 0.5 * sh.opts.eps * (sh.mass_x.nominal - sh.mass_y.nominal) ** 2
+        ctx.terms = terms
+        ctx.save_for_backward(x, y, a, b)
+        return div[0].clone()
 
     @staticmethod
-    def backward(ctx, grad):
-        return grad, None
-
-
-def _global_mass(w: torch.Tensor | None, like: torch.Tensor, group) -> torch.Tensor:
-    """Global total mass of sharded weights (1 for uniform), differentiable locally."""
-    if w is None:
-        return torch.ones((), dtype=like.dtype, device=like.device)
-    return _GlobalSum.apply(w.sum().to(like.dtype), group)
+    def backward(ctx, grad_out):
+        x, y, a, b = ctx.saved_tensors
+        (sh, xy, _), (sx, xx, _), (sy, yy, _) = ctx.terms
+        eps = xy.eps
+        limits.check_plan(sh.problem, eps, "gradients")
+        need = list(ctx.needs_input_grad[:4])
+        need[2] = need[2] and a is not None
+        need[3] = need[3] and b is not None
+        agreed = _agreed_needs(sh, need)
+        relaxed = sh.X.rho is not None
+        grads = [None] * 4
+        with torch.no_grad():
+            go = grad_out.reshape(()).to(sh.pdtype)
+            res = sh.sweep(xy.f, xy.g, eps, _point_ops(sh, agreed)) if any(agreed) else {}
+            selfs = []
+            for k, (view, out) in enumerate(((sx, xx), (sy, yy))):
+                ops = {"grad"} if agreed[k] else set()
+                if relaxed and agreed[2 + k]:
+                    ops.add("softmin")
+                r = view.sweep(out.f, out.f, eps, {"X": ops})["X"] if ops else {}
+                selfs.append(r)
+            for k, side, t in ((0, "X", x), (1, "Y", y)):
+                if need[k]:
+                    G = res[side]["grad"] - selfs[k]["grad"]
+                    grads[k] = (G[0] * go).to(t.dtype)
+            for k, side, w, view, out in ((2, "X", a, sx, xx), (3, "Y", b, sy, yy)):
+                if not need[k]:
+                    continue
+                pot = xy.f if side == "X" else xy.g
+                gw = _weight_grad(sh, side, pot, res.get(side, {}).get("softmin"), eps)
+                gw = gw - _weight_grad(view, "X", out.f, selfs[k - 2].get("softmin"), eps)
+                if relaxed:
+                    # d/dm of eps/2 (m_a − m_b)²
+                    sign = 1.0 if side == "X" else -1.0
+                    gw = gw + sign * eps * (sh.mass_x.nominal - sh.mass_y.nominal)
+                grads[k] = (gw * go).reshape(w.shape).to(w.dtype)
+        gx, gy, ga, gb = guard_second_order(tuple(grads), (x, y, a, b))
+        return gx, gy, ga, gb, None, None
 
 
 def sinkhorn_divergence(
@@ -191,11 +266,14 @@ def sinkhorn_divergence(
 ) -> torch.Tensor:
     """Global debiased Sinkhorn divergence S = OT(a, b) − ½ OT(a, a) − ½ OT(b, b), sharded.
 
-    Three sharded :func:`ot_cost` solves with the semantics of
-    :func:`flashsinkhorn.sinkhorn_divergence` (with ``scaling`` all three anneal from the
-    diameter of the global bounding box of both clouds; KL-relaxed marginals, with
-    ``rho_x == rho_y``, add the debiasing term eps/2 (m_a − m_b)² with global masses). A
-    collective; same gradient convention as :func:`ot_cost`.
+    The semantics of :func:`flashsinkhorn.sinkhorn_divergence`: one sharded problem serves the
+    three solves (the self terms are one-potential solves of its sides, with its centring,
+    operand scale and eps ladder; with ``scaling`` all three anneal from the diameter of the
+    global bounding box of both clouds); KL-relaxed marginals, with ``rho_x == rho_y``, add
+    the debiasing term eps/2 (m_a − m_b)² with global masses. A collective, forward and
+    backward; same gradient convention as :func:`ot_cost`. Warns
+    (:class:`~flashsinkhorn.ConvergenceWarning`) once, on every rank, when a solve with a
+    ``tol`` stops at ``n_iters``.
 
     Args:
         x_local, y_local, a_local, b_local: this rank's shards, as in :func:`ot_cost`.
@@ -205,41 +283,16 @@ def sinkhorn_divergence(
 
     Returns:
         A 0-d tensor, identical on every rank, differentiable w.r.t. the local shards.
+
+    Raises:
+        RuntimeError: when no process group is initialised, or on a second derivative.
+        ValueError, TypeError: for invalid arguments (``rho_x != rho_y`` included) on every
+            rank; below the float32 plan floor, by ``backward()``, on every rank.
     """
     require_group(group)
-    V.check_divergence_rho(
-        V.check_positive("rho_x", rho_x, allow_none=True),
-        V.check_positive("rho_y", rho_y, allow_none=True),
-    )
-    if scaling is not None and diameter is None:
-        V.check_scaling(scaling, allow_auto=True)
-        V.check_points("x_local", x_local)
-        V.check_points("y_local", y_local)
-        V.check_pair(x_local, y_local)
-        # The bounding box of the caller's points, as the single-process divergence does.
-        sh_diam = _diameter(x_local.detach(), y_local.detach(), group)
-        diameter = sh_diam if sh_diam > 0 else None
-    common = {**public_options(locals()), "group": group, "mode": mode}
-    del common["rho_x"], common["rho_y"]
-    xy = ot_cost(x_local, y_local, a_local, b_local, rho_x=rho_x, rho_y=rho_y, **common)
-    # The self terms as in the single-process divergence (SinkhornOptions.for_self_transport).
-    if schedule == "auto" and acceleration == "auto":
-        common.update(schedule="symmetric", acceleration="none")
-    xx = ot_cost(x_local, x_local, a_local, a_local, rho_x=rho_x, rho_y=rho_x, **common)
-    yy = ot_cost(y_local, y_local, b_local, b_local, rho_x=rho_y, rho_y=rho_y, **common)
-    div = xy - 0.5 * (xx + yy)
-    if rho_x is None and rho_y is None:
-        return div
-    ma = _global_mass(a_local, x_local, group)
-    mb = _global_mass(b_local, y_local, group)
-    return div + 0.5 * eps * (ma.to(div.dtype) - mb.to(div.dtype)) ** 2
-
-
-def _diameter(x: torch.Tensor, y: torch.Tensor, group) -> float:
-    """Diagonal of the global bounding box of raw (uncentred) points."""
-    lo = torch.minimum(x.amin(0), y.amin(0)).double()
-    hi = torch.maximum(x.amax(0), y.amax(0)).double()
-    box = torch.cat([-lo, hi])
-    dist.all_reduce(box, op=dist.ReduceOp.MAX, group=group)
-    d = lo.numel()
-    return float((box[d:] + box[:d]).norm())
+    options = _options(group, mode, **public_options(locals()))
+    reports: list[SolveReport] = []
+    value = _DistDivergence.apply(x_local, y_local, a_local, b_local, options, reports)
+    where = "flashsinkhorn.distributed.sinkhorn_divergence"
+    warn_unconverged(where, reports, n_iters, tol)
+    return value

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from .. import _validation as V
 from ..options import public_options
 from ._engine import Sharded
 
@@ -65,8 +64,8 @@ class DistributedSinkhornResult:
 
 def _run(x_local, y_local, a_local, b_local, *, group, compute_error, **options):
     """Builds the sharded problem and solves it; returns (engine, SolveOutput, value)."""
-    V.check_bool("compute_error", compute_error)
-    sh = Sharded(x_local, y_local, a_local, b_local, group=group, **options)
+    sh = Sharded(x_local, y_local, a_local, b_local, group=group, compute_error=compute_error,
+                 **options)  # fmt: skip
     with torch.no_grad():
         out = sh.solve(compute_error)
         value = sh.value(out.f, out.g, out.eps)
@@ -160,11 +159,19 @@ def sinkhorn(
         A :class:`DistributedSinkhornResult` (local potential slices, global value and
         convergence facts).
 
+    The numerics are those of the single-process solve, from global statistics: range
+    checks, the float32 plan floor (a solve with a tolerance below it raises) and the
+    large-eps soft-min (docs/precision.md). Like :func:`flashsinkhorn.sinkhorn` it does not
+    warn when ``tol`` is not reached: the result says ``converged=False``.
+
     Raises:
         RuntimeError: when no process group is initialised.
-        ValueError, TypeError: for invalid arguments, naming the argument, on every rank
-            (shapes, dtypes and options are compared across ranks first, so a mistake on one
-            rank does not leave the others waiting).
+        ValueError, TypeError: for invalid arguments, naming the argument, on every rank:
+            each rank checks its shards first and one all-reduce of a failure flag precedes
+            every other collective, so every rank raises the failing rank's error (naming
+            that rank) instead of waiting; also for eps below the float32 plan floor with a
+            tolerance, or with ``compute_error`` when the error must be computed
+            (docs/errors.md).
     """
     sh, out, value = _run(
         x_local, y_local, a_local, b_local, group=group, compute_error=compute_error,

@@ -14,16 +14,33 @@ def _sum(side: Side, t: torch.Tensor) -> torch.Tensor:
     """(B,) Σ_i w_i t_i with the weights scaled to the side's nominal mass M, M <w/Σw, t>
     (``Side.nominal_mass``: 1 for uniform weights, the x side's mass for the y side of a
     balanced problem), so that eps ln M in the potentials meets the same M in the mass term."""
-    dot = (side.w * t).sum(-1)
-    return side.nominal_mass * (dot / side.mass) if side.renormalised else dot
+    return nominal_sum(side.renormalised, (side.w * t).sum(-1), side.mass, side.nominal_mass)
+
+
+def nominal_sum(renormalised: bool, dot, mass, nominal):
+    """M · dot / Σw for a renormalised side (:func:`_sum`), else the plain weighted sum ``dot``.
+
+    Split from :func:`_sum` so that a sharded problem can reduce ``dot`` and the mass over its
+    ranks first (flashsinkhorn/distributed).
+    """
+    return nominal * (dot / mass) if renormalised else dot
+
+
+def phi_integrand(side: Side, pot: torch.Tensor) -> torch.Tensor:
+    """The t of :func:`_phi` = (1 or rho) · <w, t>: pot for a hard marginal,
+    1 − e^{−pot/rho} for KL (the factor rho is applied to the sum, :func:`phi_from_sum`)."""
+    return pot if side.rho is None else -torch.expm1(-pot / side.rho)
+
+
+def phi_from_sum(side: Side, total: torch.Tensor) -> torch.Tensor:
+    """:func:`_phi` from the nominal sum of :func:`phi_integrand`."""
+    return total if side.rho is None else side.rho * total
 
 
 def _phi(side: Side, pot: torch.Tensor) -> torch.Tensor:
     """(B,) −<w, φ*(−pot)>: <w, pot> for a hard marginal, rho <w, 1 − e^{−pot/rho}> for KL
     (weights at the nominal mass, :func:`_sum`)."""
-    if side.rho is None:
-        return _sum(side, pot)
-    return side.rho * _sum(side, -torch.expm1(-pot / side.rho))
+    return phi_from_sum(side, _sum(side, phi_integrand(side, pot)))
 
 
 def plan_mass(problem: Problem, f: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -35,19 +52,30 @@ def plan_mass(problem: Problem, f: torch.Tensor, g: torch.Tensor) -> torch.Tenso
     return _mass_gap(problem, f, g) + problem.X.nominal_mass * problem.Y.nominal_mass
 
 
+def mass_gap_of(rho_x, rho_y, mx, my, ex=None, ey=None):
+    """mass(P) − M_x M_y of the dual value from the nominal masses M and, for two KL sides,
+    the sums ex = M_x <a/Σa, expm1(−f/rho_x)> and ey likewise (:func:`_mass_gap`)."""
+    if rho_x is None:
+        return mx * (1.0 - my)
+    if rho_y is None:
+        return my * (1.0 - mx)
+    return 0.5 * (ex + ey + mx * (1.0 - my) + my * (1.0 - mx))
+
+
+def relaxed_integrand(side: Side, pot: torch.Tensor) -> torch.Tensor:
+    """expm1(−pot/rho): Σ w e^{−pot/rho} − M = Σ w expm1(−pot/rho) keeps the digits of a
+    small exponent."""
+    return torch.expm1(-pot / side.rho)
+
+
 def _mass_gap(problem: Problem, f: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """(B,) mass(P) − M_x M_y without cancellation: eps multiplies it in the value, and at
     large eps both terms are ≈ M_x M_y (M the nominal masses)."""
     X, Y = problem.X, problem.Y
-    mx, my = X.nominal_mass, Y.nominal_mass
-    if X.rho is None:
-        return mx * (1.0 - my)
-    if Y.rho is None:
-        return my * (1.0 - mx)
-    # Σ w e^{−pot/rho} − M = Σ w expm1(−pot/rho) keeps the digits of a small exponent.
-    ex = _sum(X, torch.expm1(-f / X.rho))
-    ey = _sum(Y, torch.expm1(-g / Y.rho))
-    return 0.5 * (ex + ey + mx * (1.0 - my) + my * (1.0 - mx))
+    ex = ey = None
+    if X.rho is not None and Y.rho is not None:
+        ex, ey = _sum(X, relaxed_integrand(X, f)), _sum(Y, relaxed_integrand(Y, g))
+    return mass_gap_of(X.rho, Y.rho, X.nominal_mass, Y.nominal_mass, ex, ey)
 
 
 def dual_value(
@@ -81,8 +109,14 @@ def _plan_mass_gap(problem: Problem, backend: Backend, f, g, eps: float) -> torc
     X, Y = problem.X, problem.Y
     unit = replace(Y, unit_mass=True, mass_of=None)
     _, t_hat = backend.softmin(X, unit, g, eps, f, 0.0, 1.0, True, problem.precision)
-    mean = (X.w * torch.expm1((f - t_hat) / eps)).sum(-1) / X.mass
+    mean = (X.w * plan_gap_integrand(f, t_hat, eps)).sum(-1) / X.mass
     return X.nominal_mass * Y.nominal_mass * mean
+
+
+def plan_gap_integrand(f: torch.Tensor, t_hat: torch.Tensor, eps: float) -> torch.Tensor:
+    """expm1((f − T̂)/eps), whose a-weighted mean times M_x M_y is the plan's mass gap at
+    large eps (:func:`_plan_mass_gap`)."""
+    return torch.expm1((f - t_hat) / eps)
 
 
 def _target(side: Side, pot: torch.Tensor) -> torch.Tensor:

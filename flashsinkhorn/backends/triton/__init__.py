@@ -40,6 +40,13 @@ class TritonBackend(Backend):
             return plan_self.self_step(X, f, eps, alpha, beta, want_raw, precision, phase)
         return softmin.softmin(X, X, f, eps, f, alpha, beta, want_raw, precision)
 
+    def softmin_pair(self, first, second, eps, alpha, want_raw, precision):
+        from . import pair
+
+        if pair.eligible(first, second, precision):
+            return pair.pair_step(first, second, eps, alpha, want_raw, precision)
+        return super().softmin_pair(first, second, eps, alpha, want_raw, precision)
+
     def transport(self, rows, cols, row_pot, col_pot, eps, V, A, Bw, precision):
         from . import transport
 
