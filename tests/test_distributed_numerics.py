@@ -326,7 +326,18 @@ def _checks(world):
 @pytest.fixture(scope="module", params=[2, 4], ids=["world2", "world4"])
 def job(request):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    return request.param, run_job(request.param, _checks)
+    # The ranks hold CPU tensors (gloo): their Triton checks run under the interpreter, on a
+    # machine with a GPU too (two GPUs and NCCL: tests/test_gpu_distributed.py). The spawned
+    # ranks read the variable when they start, before they import Triton's kernels.
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        return request.param, run_job(request.param, _checks)
+    finally:
+        if old is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = old
 
 
 def _names(prefix):
