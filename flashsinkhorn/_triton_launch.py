@@ -52,7 +52,7 @@ def cuda_sm_count(device: torch.device) -> int:
 # Parallel compilation. A step's kernels are compiled on first use, one after the other, and
 # the plan step (four kernels) made the first call of a process 2-4 s slower. Triton releases
 # the GIL in its LLVM passes and runs ptxas as a subprocess, so compiles of different kernels
-# overlap in threads (bench/results/dev/s18_compile_h200.jsonl: 4.6 s one after the other,
+# overlap in threads (measured on an H200: 4.6 s one after the other,
 # 2.9 s in two threads). ``precompile_once`` runs a launching function once in a recording
 # mode, compiles what it would launch in a thread pool (``JITFunction.warmup``: compile, no
 # launch), and the real call that follows finds every kernel compiled.
