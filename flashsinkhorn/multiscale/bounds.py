@@ -141,7 +141,8 @@ def pair_log_bound(R: TileStats, C: TileStats, b, i, j, eps: float) -> torch.Ten
 
 
 def _finite_or_ninf(t: torch.Tensor) -> torch.Tensor:
-    return torch.nan_to_num(t, nan=-math.inf)
+    """NaN (−inf + inf of a tile without points) to −inf; ±inf kept."""
+    return torch.where(torch.isnan(t), -math.inf, t)
 
 
 @dataclass
