@@ -76,8 +76,9 @@ def main(argv=None):
     plan = coarse.plan().cpu()
 
     centre = p.centre[0].cpu()
-    pts = lx.x[0, : lx.n, :2].cpu() + centre
-    tile = torch.arange(lx.n) // 64
+    slot = lx.slot[0].cpu()
+    pts = lx.x[0].cpu()[slot, :2] + centre
+    tile = slot // 64
     fig, axes = plt.subplots(1, 3, figsize=(15, 5))
     ax = axes[0]
     ax.scatter(pts[:, 0], pts[:, 1], c=tile % 20, cmap="tab20", s=1)
@@ -97,8 +98,12 @@ def main(argv=None):
     ax = axes[2]
     mask = torch.zeros(lx.tiles, ly.tiles)
     mask[be.pattern.rows.cpu(), be.pattern.cols.cpu()] = 1
-    real_x, real_y = -(-lx.n // 64), -(-ly.n // 64)
-    ax.imshow(mask[:real_x, :real_y], cmap="Greys", interpolation="nearest", aspect="auto")
+    # tiles holding points (the padding tiles at the end are never visited)
+    real_x = int(lx.real[0].reshape(-1, 64).any(1).sum())
+    real_y = int(ly.real[0].reshape(-1, 64).any(1).sum())
+    rx = lx.real[0].reshape(-1, 64).any(1).cpu()
+    ry = ly.real[0].reshape(-1, 64).any(1).cpu()
+    ax.imshow(mask[rx][:, ry], cmap="Greys", interpolation="nearest", aspect="auto")
     frac = be.pattern.pairs / (real_x * real_y)
     ax.set_title(f"fine stage: visited tile pairs ({100 * frac:.1f}%)")
     ax.set_xlabel("y tile (Morton order)")

@@ -52,13 +52,13 @@ def test_kernel_matches_torch_path_on_gpu():
     torch.testing.assert_close(G1, G0, rtol=0, atol=1e-3 * float(G0.abs().max()))
 
 
-@pytest.mark.parametrize("factor", [0.01, 0.001])
-def test_100k_matches_streaming(factor):
+def test_100k_matches_streaming():
     """Value within 1e-4 relative and gradients within 1e-3 (relative L2) of the streaming
-    solve at the same tolerance; the reported error bounds the streaming-measured one."""
+    solve (both to tol 1e-4, so that early stopping does not dominate the difference); the
+    reported error bounds the streaming-measured one."""
     x, y, diam = _gmm_shell(100_000)
-    eps = (factor * diam) ** 2
-    kw = dict(eps=eps, tol=1e-3)
+    eps = (0.01 * diam) ** 2
+    kw = dict(eps=eps, tol=1e-4, n_iters=20_000)
     xs, ys = x.clone().requires_grad_(), y.clone().requires_grad_()
     v = fs.ot_cost(xs, ys, path="multiscale", **kw)
     gx, gy = torch.autograd.grad(v, (xs, ys))

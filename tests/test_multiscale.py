@@ -36,6 +36,7 @@ def _weights(n, seed, dtype=DT):
 
 
 def _dense_log_plan(x, y, a, b, f, g, eps):
+    """log P_ij (−inf where a weight is zero: padding)."""
     C = torch.cdist(x, y) ** 2
     return a.log()[:, None] + b.log()[None, :] + (f[:, None] + g[None, :] - C) / eps
 
@@ -53,10 +54,34 @@ def test_layout_permutation_and_padding(d):
     ar = torch.arange(300).expand(2, 300)
     assert torch.equal(lay.perm.gather(1, lay.inv), ar)
     assert torch.equal(lay.unsort(lay.sort(x)), x)
-    assert torch.equal(lay.x[:, :300, :d], x.gather(1, lay.perm[..., None].expand(-1, -1, d)))
-    assert torch.all(lay.w[:, 300:] == 0) and torch.all(lay.logw[:, 300:] == -math.inf)
-    # Morton codes are sorted
+    assert torch.equal(lay.unsort(lay.x[..., :d]), x)
+    assert torch.equal(lay.unsort(lay.w), w)
+    assert int(lay.real.sum()) == 2 * 300
+    assert torch.all(lay.w[~lay.real] == 0) and torch.all(lay.logw[~lay.real] == -math.inf)
+    # padding repeats a real point of its own tile: tile boxes are those of the real points
+    tiles = lay.x.reshape(2, -1, TILE, 3)
+    real = lay.real.reshape(2, -1, TILE, 1)
+    inf = torch.tensor(math.inf, dtype=DT)
+    has = real.any(2)
+    torch.testing.assert_close(
+        torch.where(has, tiles.amax(2), 0),
+        torch.where(has, torch.where(real, tiles, -inf).amax(2), 0),
+    )
+    # the sorted slots keep the Morton order, and codes are sorted
+    assert torch.all(lay.slot[:, 1:] > lay.slot[:, :-1])
     assert torch.all(lay.codes[:, 1:] >= lay.codes[:, :-1])
+
+
+def test_tiles_break_at_jumps():
+    """Two far-apart blobs: no tile holds points of both."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.rand(1000, 2, generator=g, dtype=DT),
+                   10.0 + torch.rand(1000, 2, generator=g, dtype=DT)])  # fmt: skip
+    lay = build_layout(x[None], torch.ones(1, 2000, dtype=DT), DT)
+    side = (lay.x[0, :, 0] > 5).reshape(-1, TILE)
+    real = lay.real[0].reshape(-1, TILE)
+    mixed = [bool(s[r].any() and (~s[r]).any()) for s, r in zip(side, real, strict=True)]
+    assert not any(mixed)
 
 
 def test_tiles_are_local():
@@ -77,7 +102,7 @@ def test_cells_centroids_and_weights():
     assert int(cl.count.max()) <= 40 and cl.x.shape[1] == int(cl.count.max())
     torch.testing.assert_close(cl.w.sum(1), w.sum(1))
     for b in range(2):
-        xs, ws = lay.x[b, :500, :3], lay.w[b, :500]
+        xs, ws = lay.x[b, lay.slot[b]], lay.w[b, lay.slot[b]]
         for k in range(int(cl.count[b])):
             sel = cl.of_point[b] == k
             assert sel.any()
@@ -115,9 +140,7 @@ def test_tile_bound_dominates_block_mass(noise):
         Tr, Tc = lx.N // size, ly.N // size
         bb, i, j = bounds._all_pairs(1, Tr, Tc, "cpu")
         lb = pair_log_bound(R, C, bb, i, j, eps).reshape(Tr, Tc)
-        logP = torch.full((lx.N, ly.N), -math.inf, dtype=DT)
-        logP[:n, :m] = _dense_log_plan(lx.x[0, :n, :2], ly.x[0, :m, :2], lx.w[0, :n],
-                                       ly.w[0, :m], fs_[0, :n], gs_[0, :m], eps)  # fmt: skip
+        logP = _dense_log_plan(lx.x[0], ly.x[0], lx.w[0], ly.w[0], fs_[0], gs_[0], eps)
         mass = torch.logsumexp(logP.reshape(Tr, size, Tc, size), dim=(1, 3))
         live = torch.isfinite(mass)
         assert torch.all(mass[live] <= lb[live] + 1e-9), float((mass - lb)[live].max())
@@ -128,9 +151,7 @@ def _outside_mass(lx, ly, pat, f, g, eps, n, m, d=2):
     """Dense mass of the plan (f, g) (sorted) outside the pattern's tile pairs, per problem."""
     out = []
     for bi in range(lx.B):
-        logP = torch.full((lx.N, ly.N), -math.inf, dtype=DT)
-        logP[:n, :m] = _dense_log_plan(lx.x[bi, :n, :d], ly.x[bi, :m, :d], lx.w[bi, :n],
-                                       ly.w[bi, :m], f[bi, :n], g[bi, :m], eps)  # fmt: skip
+        logP = _dense_log_plan(lx.x[bi], ly.x[bi], lx.w[bi], ly.w[bi], f[bi], g[bi], eps)
         blocks = torch.logsumexp(logP.reshape(lx.tiles, TILE, ly.tiles, TILE), dim=(1, 3))
         kept = torch.zeros_like(blocks, dtype=torch.bool)
         rows, cols = pat.rows - bi * lx.tiles, pat.cols - bi * ly.tiles

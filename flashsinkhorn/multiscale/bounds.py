@@ -70,8 +70,7 @@ def _counted(layout: Layout, size: int) -> torch.Tensor:
     """(B, T, size) points that the affine bound must cover: those with mass, or every real
     point of a tile without mass (zero-weight points still need a finite soft-min)."""
     live = _tiled(layout.w, size) > 0
-    real = torch.arange(layout.N, device=layout.x.device) < layout.n
-    real = real.reshape(1, -1, size).expand_as(live)
+    real = _tiled(layout.real, size)
     return torch.where(live.any(-1, keepdim=True), live, real)
 
 

@@ -5,9 +5,10 @@ box, so that points close in space are mostly close in the order. Two structures
 the sorted order:
 
 - *tiles*: ``TILE`` consecutive points, the unit of the block-sparse soft-min (a tile of rows
-  meets a tile of columns or skips it). The sorted points are padded to whole tiles of
-  ``SUPER`` tiles (the coarse unit of the pair search, bounds.py); padding points repeat the
-  last real point and carry no mass (log-weight −inf).
+  meets a tile of columns or skips it); a tile never spans one of the largest jumps of the
+  curve (it is padded instead). The tiles are padded to whole groups of ``SUPER`` tiles (the
+  coarse unit of the pair search, bounds.py); padding points repeat the tile's last real
+  point and carry no mass (log-weight −inf).
 - *cells*: the Morton cells of one grid level, the clusters of the coarse solve (their
   weighted centroids and total weights). The level is the finest whose number of non-empty
   cells stays within a budget.
@@ -35,22 +36,33 @@ BITS = 20
 
 @dataclass(frozen=True)
 class Layout:
-    """One side of a problem in Morton order, padded to whole super tiles.
+    """One side of a problem in Morton order, cut into tiles and padded to whole super tiles.
+
+    Tiles hold consecutive sorted points, but a tile never spans one of the largest jumps of
+    the curve (:func:`_breaks`): a new tile starts there and the previous one is padded, so
+    that no tile's bounding box stretches across empty space between two parts of a cloud.
 
     Attributes:
-        perm: (B, n) int64, ``perm[b, k]`` the original index of the k-th sorted point.
-        inv: (B, n) int64, the sorted position of each original point (``perm``'s inverse).
-        x: (B, N, 3) sorted points in the potential dtype, zero-padded to 3 coordinates
-            (the kernels read 3), N = number of tiles · TILE.
-        w: (B, N) weights in sorted order (0 on padding).
+        order: (B, n) int64, ``order[b, k]`` the original index of the k-th sorted point.
+        slot: (B, n) int64, the padded position of the k-th sorted point.
+        perm: (B, N) int64, the original index of the point in each padded position (padding
+            repeats the tile's last real point, so tile boxes need no mask).
+        inv: (B, n) int64, the padded position of each original point.
+        real: (B, N) bool, positions holding a point (not padding).
+        x: (B, N, 3) points in the potential dtype, zero-padded to 3 coordinates (the kernels
+            read 3), N = number of tiles · TILE.
+        w: (B, N) weights (0 on padding).
         logw: (B, N) log-weights (−inf on padding and zero weights).
         codes: (B, n) int64 sorted Morton codes.
         n: number of real points per problem.
         d: number of coordinates of the points (<= 3).
     """
 
+    order: torch.Tensor
+    slot: torch.Tensor
     perm: torch.Tensor
     inv: torch.Tensor
+    real: torch.Tensor
     x: torch.Tensor
     w: torch.Tensor
     logw: torch.Tensor
@@ -72,19 +84,15 @@ class Layout:
         return self.N // TILE
 
     def sort(self, t: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
-        """(B, N, ...) of a per-point (B, n, ...) tensor in sorted order, padded with ``fill``."""
-        idx = self.perm
+        """(B, N, ...) of a per-point (B, n, ...) tensor in padded order, ``fill`` on padding."""
+        idx, real = self.perm, self.real
         if t.dim() == 3:
             idx = idx[..., None].expand(-1, -1, t.shape[-1])
-        out = t.gather(1, idx)
-        pad = self.N - self.n
-        if pad == 0:
-            return out
-        shape = (self.B, pad, *t.shape[2:])
-        return torch.cat([out, out.new_full(shape, fill)], 1)
+            real = real[..., None]
+        return torch.where(real, t.gather(1, idx), fill)
 
     def unsort(self, t: torch.Tensor) -> torch.Tensor:
-        """(B, n, ...) in the original order from a (B, N, ...) sorted (padded) tensor."""
+        """(B, n, ...) in the original order from a (B, N, ...) padded-order tensor."""
         idx = self.inv
         if t.dim() == 3:
             idx = idx[..., None].expand(-1, -1, t.shape[-1])
@@ -109,8 +117,31 @@ def morton_codes(x: torch.Tensor, bits: int = BITS) -> torch.Tensor:
     return code
 
 
+#: At most one tile in BREAK_SHARE starts at a jump of the curve (the padding it costs).
+BREAK_SHARE = 8
+
+
+def _breaks(xs: torch.Tensor) -> torch.Tensor:
+    """(B, n) bool: a tile starts at this sorted point. The first point, and after the
+    largest gaps between consecutive points that exceed the median extent of a plain tile
+    (at most one per BREAK_SHARE tiles)."""
+    B, n, d = xs.shape
+    brk = torch.zeros((B, n), dtype=torch.bool, device=xs.device)
+    brk[:, 0] = True
+    nt = n // TILE
+    k = min(n - 1, nt // BREAK_SHARE)
+    if k < 1:
+        return brk
+    gap = (xs[:, 1:] - xs[:, :-1]).norm(dim=-1)
+    tiles = xs[:, : nt * TILE].reshape(B, nt, TILE, d)
+    ext = (tiles.amax(2) - tiles.amin(2)).norm(dim=-1).median(-1).values
+    top = torch.where(gap > ext[:, None], gap, -1.0).topk(k, dim=1)
+    brk[:, 1:].scatter_(1, top.indices, top.values > 0)
+    return brk
+
+
 def build_layout(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype) -> Layout:
-    """Sorts one side's points along the Morton curve and pads them to whole super tiles.
+    """Sorts one side's points along the Morton curve and cuts them into padded tiles.
 
     Args:
         x: (B, n, d) points, d <= 3.
@@ -120,22 +151,38 @@ def build_layout(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype) -> Layout
     B, n, d = x.shape
     if d > MAX_DIM:
         raise ValueError(f"the multiscale layout supports d <= {MAX_DIM}, got d = {d}")
-    codes = morton_codes(x)
-    codes, perm = torch.sort(codes, dim=1, stable=True)
-    inv = torch.empty_like(perm)
-    inv.scatter_(1, perm, torch.arange(n, device=x.device).expand(B, n).contiguous())
+    dev = x.device
+    codes, order = torch.sort(morton_codes(x), dim=1, stable=True)
+    xs = x.to(dtype).gather(1, order[..., None].expand(-1, -1, d))
+    # segments between breaks, each padded to whole tiles
+    seg = _breaks(xs).to(torch.int64).cumsum(1) - 1  # (B, n)
+    S = int(seg[:, -1].max()) + 1
+    ar = torch.arange(n, device=dev).expand(B, n)
+    length = torch.zeros((B, S), dtype=torch.int64, device=dev).scatter_add_(
+        1, seg, torch.ones_like(seg)
+    )
+    first = torch.full((B, S), n, dtype=torch.int64, device=dev).scatter_reduce_(
+        1, seg, ar.contiguous(), "amin"
+    )
+    padded = -(-length // TILE) * TILE
+    offset = padded.cumsum(1) - padded
+    slot = offset.gather(1, seg) + ar - first.gather(1, seg)  # (B, n)
     unit = TILE * SUPER
-    N = max(unit, -(-n // unit) * unit)
-    xs = x.to(dtype).gather(1, perm[..., None].expand(-1, -1, d))
-    # padding repeats the last sorted point: tile boxes then need no mask
-    if N > n:
-        xs = torch.cat([xs, xs[:, -1:].expand(B, N - n, d)], 1)
+    N = max(unit, -(-int(padded.sum(1).max()) // unit) * unit)
+    src = torch.full((B, N), -1, dtype=torch.int64, device=dev)
+    src.scatter_(1, slot, ar.contiguous())
+    real = src >= 0
+    # padding takes the previous real point (the tile's last; positions before any point of
+    # a problem cannot occur: its first slot is 0)
+    src = src.cummax(1).values.clamp_min(0)
+    perm = order.gather(1, src)
+    inv = torch.empty_like(order).scatter_(1, order, slot)
+    xp = x.to(dtype).gather(1, perm[..., None].expand(-1, -1, d))
     if d < MAX_DIM:
-        xs = torch.cat([xs, xs.new_zeros((B, N, MAX_DIM - d))], -1)
-    ws = w.to(dtype).gather(1, perm)
-    ws = torch.cat([ws, ws.new_zeros((B, N - n))], 1)
-    logw = torch.where(ws > 0, ws.log(), torch.full_like(ws, -math.inf))
-    return Layout(perm, inv, xs.contiguous(), ws, logw, codes, n, d)
+        xp = torch.cat([xp, xp.new_zeros((B, N, MAX_DIM - d))], -1)
+    wp = torch.where(real, w.to(dtype).gather(1, perm), 0.0)
+    logw = torch.where(wp > 0, wp.clamp_min(1e-300).log(), -math.inf)
+    return Layout(order, slot, perm, inv, real, xp.contiguous(), wp, logw, codes, n, d)
 
 
 @dataclass(frozen=True)
@@ -171,7 +218,7 @@ def cells(layout: Layout, x: torch.Tensor, max_cells: int) -> Cells:
         x: (B, n, d) the side's points (original order), for the cell edge length.
         max_cells: budget of clusters per problem (>= 1).
     """
-    codes, d, B, n = layout.codes, layout.d, layout.B, layout.n
+    codes, d, B = layout.codes, layout.d, layout.B
     # Cells of every level at once: level l keeps the top l·d bits of the codes.
     counts = []
     for level in range(BITS + 1):
@@ -185,8 +232,8 @@ def cells(layout: Layout, x: torch.Tensor, max_cells: int) -> Cells:
     of_point = new.to(torch.int64).cumsum(1) - 1
     count = of_point[:, -1] + 1
     K = int(counts[level])
-    xs = layout.x[:, :n, :d]
-    ws = layout.w[:, :n]
+    xs = layout.x.gather(1, layout.slot[..., None].expand(-1, -1, MAX_DIM))[..., :d]
+    ws = layout.w.gather(1, layout.slot)
     flat = (of_point + K * torch.arange(B, device=codes.device)[:, None]).reshape(-1)
     wsum = torch.zeros(B * K, dtype=ws.dtype, device=ws.device).index_add_(0, flat, ws.reshape(-1))
     num = torch.zeros((B * K, d), dtype=xs.dtype, device=xs.device)
