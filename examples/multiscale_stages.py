@@ -52,7 +52,7 @@ def main(argv=None):
     import matplotlib.pyplot as plt
 
     import flashsinkhorn as fs
-    from flashsinkhorn.multiscale.clustering import cells
+    from flashsinkhorn.multiscale.clustering import TILE, cells
     from flashsinkhorn.multiscale.solver import _budget, coarse_side
 
     n = 3000 if args.quick else args.n
@@ -78,7 +78,7 @@ def main(argv=None):
     centre = p.centre[0].cpu()
     slot = lx.slot[0].cpu()
     pts = lx.x[0].cpu()[slot, :2] + centre
-    tile = slot // 64
+    tile = slot // TILE
     fig, axes = plt.subplots(1, 3, figsize=(15, 5))
     ax = axes[0]
     ax.scatter(pts[:, 0], pts[:, 1], c=tile % 20, cmap="tab20", s=1)
@@ -86,7 +86,7 @@ def main(argv=None):
     ax.scatter(yc[:, 0], yc[:, 1], c="0.8", s=0.5)
     cxc = CX.x[0].cpu() + centre
     ax.scatter(cxc[:, 0], cxc[:, 1], c="k", s=6)
-    ax.set_title(f"Morton tiles of x (64 points, colour) and {int(cx.count[0])} cells")
+    ax.set_title(f"Morton tiles of x ({TILE} points, colour) and {int(cx.count[0])} cells")
     ax = axes[1]
     cyc = CY.x[0].cpu() + centre
     ax.scatter(cxc[:, 0], cxc[:, 1], s=300 * CX.w[0].cpu(), c="tab:blue")
@@ -99,10 +99,9 @@ def main(argv=None):
     mask = torch.zeros(lx.tiles, ly.tiles)
     mask[be.pattern.rows.cpu(), be.pattern.cols.cpu()] = 1
     # tiles holding points (the padding tiles at the end are never visited)
-    real_x = int(lx.real[0].reshape(-1, 64).any(1).sum())
-    real_y = int(ly.real[0].reshape(-1, 64).any(1).sum())
-    rx = lx.real[0].reshape(-1, 64).any(1).cpu()
-    ry = ly.real[0].reshape(-1, 64).any(1).cpu()
+    rx = lx.real[0].reshape(-1, TILE).any(1).cpu()
+    ry = ly.real[0].reshape(-1, TILE).any(1).cpu()
+    real_x, real_y = int(rx.sum()), int(ry.sum())
     ax.imshow(mask[rx][:, ry], cmap="Greys", interpolation="nearest", aspect="auto")
     frac = be.pattern.pairs / (real_x * real_y)
     ax.set_title(f"fine stage: visited tile pairs ({100 * frac:.1f}%)")

@@ -17,10 +17,10 @@ is maximised over y_j in J's bounding box (a linear function: one corner) and z 
 difference I − J (a concave quadratic: u_I/2 clamped to the box). The same with the roles of
 x and y exchanged gives a second bound; E_IJ is the smaller. Derivation: docs/multiscale.md.
 
-The pattern keeps the pairs whose bound exceeds a threshold chosen so that the bounds of the
-skipped pairs sum to at most a budget (a fraction of ``tol``): the mass of the true plan
-outside the pattern is then provably below that budget, and its exact sum of bounds is
-recorded. The search runs on super tiles first (``SUPER`` tiles), whose bounds dominate the
+The pattern skips the largest set of pairs of smallest bounds whose bounds sum to at most a
+budget (a fraction of ``tol``; one sort of the candidates): the mass of the true plan outside
+the pattern is then provably below that budget, and its exact sum of bounds is recorded.
+The search runs on super tiles first (``SUPER`` tiles), whose bounds dominate the
 sums of their tiles' bounds, then on the tiles of the super pairs it keeps.
 
 When the potentials move, each skipped pair's bound moves by (Δα_I + Δβ_J)/eps with the slopes
@@ -206,9 +206,25 @@ def _keep_best(lb: torch.Tensor, key: torch.Tensor, n_keys: int) -> torch.Tensor
     return (lb == best[key]) & torch.isfinite(lb)
 
 
-def _search(R: TileStats, C: TileStats, b, i, j, eps, tau, B, Tr, Tc):
-    """Evaluates the candidate pairs in chunks; returns the kept (b, i, j) and (B,) sums of
-    the skipped bounds; ``tau`` is the threshold of a pair's bound."""
+def _smallest_within(lb: torch.Tensor, b: torch.Tensor, B: int, budget: float) -> torch.Tensor:
+    """(P,) True for the pairs of smallest bound whose bounds sum to at most ``budget`` in
+    each problem: the skippable set of largest size (sorted by bound, a running sum per
+    problem)."""
+    order = torch.argsort(lb)
+    order = order[torch.argsort(b[order], stable=True)]  # by problem, then by bound
+    run = torch.exp(lb[order]).cumsum(0)
+    counts = torch.bincount(b, minlength=B)
+    ends = counts.cumsum(0)
+    before = torch.cat([run.new_zeros(1), run])[ends - counts]  # running sum before each
+    within = run - before[b[order]] <= budget
+    out = torch.zeros_like(within)
+    out[order] = within
+    return out
+
+
+def _search(R: TileStats, C: TileStats, b, i, j, eps, budget, B, Tr, Tc):
+    """Evaluates the candidate pairs in chunks; returns the kept (b, i, j) and the (B,) sums
+    of the skipped bounds (<= ``budget`` per problem)."""
     skipped = torch.zeros(B, dtype=torch.float64, device=b.device)
     es = [pair_exponent(R, C, b[s : s + PAIR_CHUNK], i[s : s + PAIR_CHUNK], j[s : s + PAIR_CHUNK])
           for s in range(0, b.numel(), PAIR_CHUNK)]  # fmt: skip
@@ -219,7 +235,7 @@ def _search(R: TileStats, C: TileStats, b, i, j, eps, tau, B, Tr, Tc):
     # (column) mass: tiles of zero-weight points still get a finite soft-min
     lr = _finite_or_ninf(lmc + e)
     lc = _finite_or_ninf(lmr + e)
-    keep = lb > math.log(tau) if tau > 0 else torch.isfinite(lb)
+    keep = ~_smallest_within(lb, b, B, budget)
     keep |= _keep_best(lr, b * Tr + i, B * Tr) | _keep_best(lc, b * Tc + j, B * Tc)
     skipped.index_add_(0, b[~keep], torch.exp(lb[~keep]))
     return b[keep], i[keep], j[keep], skipped
@@ -254,8 +270,7 @@ def build_pattern(
         sup_y = sup_x if self_problem else tile_stats(ly, g, TILE * SUPER)
         Sx, Sy = Tx // SUPER, Ty // SUPER
         b, i, j = _all_pairs(B, Sx, Sy, dev)
-        b, i, j, sk1 = _search(sup_x, sup_y, b, i, j, eps, 0.5 * budget / max(1, b.numel()),
-                               B, Sx, Sy)  # fmt: skip
+        b, i, j, sk1 = _search(sup_x, sup_y, b, i, j, eps, 0.5 * budget, B, Sx, Sy)
         levels.append(((sup_x, sup_y), sk1))
         # every tile pair inside the kept super pairs
         a = torch.arange(SUPER, device=dev)
@@ -266,8 +281,7 @@ def build_pattern(
     else:
         b, i, j = _all_pairs(B, Tx, Ty, dev)
         fine_budget = budget
-    n_cand = max(1, b.numel())
-    b, i, j, sk2 = _search(fine_x, fine_y, b, i, j, eps, fine_budget / n_cand, B, Tx, Ty)
+    b, i, j, sk2 = _search(fine_x, fine_y, b, i, j, eps, fine_budget, B, Tx, Ty)
     levels.append(((fine_x, fine_y), sk2))
     rows, cols = b * Tx + i, b * Ty + j
     csr = {"xy": _csr(rows, cols, B * Tx), "yx": _csr(cols, rows, B * Ty)}
