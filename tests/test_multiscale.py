@@ -297,12 +297,18 @@ def test_solve_matches_dense(d):
     assert float(ms.marginal_error) <= 1e-6
 
 
-@pytest.mark.parametrize("tol", [1e-2, 1e-3, 1e-4])
-def test_reported_error_bounds_dense_error(tol):
-    """Converged or not, the reported error is an upper bound of the dense-measured one."""
+@pytest.mark.parametrize(
+    "tol,schedule,acceleration",
+    [(1e-2, "auto", "auto"), (1e-3, "auto", "auto"), (1e-4, "auto", "auto"),
+     (1e-3, "alternating", "anderson"), (1e-3, "symmetric", "none")],
+)  # fmt: skip
+def test_reported_error_bounds_dense_error(tol, schedule, acceleration):
+    """Converged or not, the reported error is an upper bound of the dense-measured one, for
+    every schedule and acceleration of the loop."""
     n, m = 700, 650
     x, y = _clouds(n, m, d=2, seed=8)
-    kw = dict(eps=1e-3, tol=tol, backend="torch", path="multiscale")
+    kw = dict(eps=1e-3, tol=tol, backend="torch", path="multiscale", schedule=schedule,
+              acceleration=acceleration, n_iters=3000)  # fmt: skip
     res = fs.sinkhorn(x, y, **kw)
     assert res.converged
     pat = res.solution.backend.pattern
