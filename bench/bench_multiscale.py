@@ -18,7 +18,8 @@ untimed first call, whose time is reported as ``first_call_s``):
   ``--dense-budget`` seconds; it is the reference of ``value_rel`` and ``grad_rel``;
 - ``flash-sinkhorn-multiscale``: ``flash_sinkhorn.SamplesLoss(backend="multiscale")`` with
   blur = sqrt(eps) and its own ``tol=1e-3`` (forward only; skipped when the package is
-  missing or the device is not CUDA).
+  missing or the device is not CUDA, or where its time extrapolated as n² exceeds
+  ``--dense-budget``).
 
 Output: one JSON file ``<out>/multiscale_<device>.json`` with a row per (shape, n, eps,
 method, mode). ``--quick`` runs n = 500 with the first eps factor on the CPU in under a
@@ -185,9 +186,15 @@ def bench_ours(rows, shape, n, eps_f, x, y, eps, device, reps, dense_budget, pre
         print(json.dumps(rows[-1]), flush=True)
 
 
-def bench_flash(rows, shape, n, eps_f, x, y, eps, device, reps):
+def bench_flash(rows, shape, n, eps_f, x, y, eps, device, reps, budget, predicted):
     base = {"shape": shape, "n": n, "eps_factor": eps_f, "eps": eps, "tol": TOL,
             "method": "flash-sinkhorn-multiscale", "mode": "fwd"}  # fmt: skip
+    key = ("flash", shape, eps_f)
+    guess = predicted.get(key)
+    if guess is not None and guess[1] * (n / guess[0]) ** 2 > budget:
+        rows.append({**base, "skipped": f"predicted {guess[1] * (n / guess[0]) ** 2:.0f} s > "
+                                        f"--dense-budget {budget:g} s"})  # fmt: skip
+        return
     if device.type != "cuda":
         rows.append({**base, "skipped": "CUDA only"})
         return
@@ -208,6 +215,7 @@ def bench_flash(rows, shape, n, eps_f, x, y, eps, device, reps):
     except Exception as e:  # noqa: BLE001 (a peer's failure is a result)
         rows.append({**base, "error": f"{type(e).__name__}: {e}"[:300]})
         return
+    predicted[key] = (n, t)
     rows.append({**base, "time_s": t, "first_call_s": first, "peak_gb": peak,
                  "version": getattr(fsk, "__version__", "?")})  # fmt: skip
     print(json.dumps(rows[-1]), flush=True)
@@ -247,7 +255,8 @@ def main(argv=None):
                 r = 1 if n >= 4_000_000 else reps
                 bench_ours(rows, shape, n, f, x, y, eps, device, r, args.dense_budget, predicted)
                 if not args.no_peer:
-                    bench_flash(rows, shape, n, f, x, y, eps, device, r)
+                    bench_flash(rows, shape, n, f, x, y, eps, device, r, args.dense_budget,
+                                predicted)  # fmt: skip
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     slug = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
     os.makedirs(args.out, exist_ok=True)

@@ -24,7 +24,8 @@ def _clouds(n, m, d=2, B=None, seed=0, dtype=DT):
     x = torch.rand(shape_x, generator=g, dtype=dtype)
     # a curved target: points on a noisy arc
     t = torch.rand(shape_y[:-1], generator=g, dtype=dtype) * 3.0
-    y = torch.stack([torch.cos(t), torch.sin(t)] + [0.3 * torch.rand_like(t)] * (d - 2), -1)
+    z = 0.3 * torch.rand(t.shape, generator=g, dtype=dtype)
+    y = torch.stack([torch.cos(t), torch.sin(t)] + [z] * (d - 2), -1)
     y = 0.5 + 0.4 * y[..., :d] + 0.02 * torch.randn(shape_y, generator=g, dtype=dtype)
     return x, y
 
@@ -185,6 +186,30 @@ def test_pattern_skips_at_most_its_bound(n, m):
     out2 = _outside_mass(lx, ly, pat, f2, g2, eps, n, m)
     assert torch.all(out2 <= pat.skipped_bound(lx, ly, f2, g2, eps) * (1 + 1e-9))
     assert float(out2.max()) > 0
+
+
+def test_batched_pattern_equals_per_problem_patterns():
+    """A batch's pattern is the union of its problems' patterns (no problem's bounds leak
+    into another's threshold)."""
+    B, n, m, eps = 2, 1500, 1300, 2e-3
+    x, y = _clouds(n, m, d=2, B=B, seed=17)
+    a = torch.full((B, n), 1.0 / n, dtype=DT)
+    b = torch.full((B, m), 1.0 / m, dtype=DT)
+    res = fs.sinkhorn(x, y, eps=eps, backend="torch", tol=1e-6, n_iters=5000)
+    lx, ly = build_layout(x, a, DT), build_layout(y, b, DT)
+    pat = build_pattern(lx, ly, lx.sort(res.f), ly.sort(res.g), eps, 1e-4)
+    for k in range(B):
+        l1, m1 = (
+            build_layout(x[k : k + 1], a[k : k + 1], DT),
+            build_layout(y[k : k + 1], b[k : k + 1], DT),
+        )
+        one = build_pattern(l1, m1, l1.sort(res.f[k : k + 1]), m1.sort(res.g[k : k + 1]), eps, 1e-4)
+        mine = (pat.rows // lx.tiles) == k
+        assert int(mine.sum()) == one.pairs < lx.tiles * ly.tiles
+        assert torch.equal(pat.rows[mine] - k * lx.tiles, one.rows)
+        assert torch.equal(pat.cols[mine] - k * ly.tiles, one.cols)
+        for lv in range(len(pat.skipped)):
+            torch.testing.assert_close(pat.skipped[lv][k], one.skipped[lv][0])
 
 
 # ----- block-sparse soft-min -----
@@ -487,3 +512,22 @@ def test_backend_kernel_path_matches_torch_path():
     torch.testing.assert_close(T1, T0, rtol=0, atol=1e-5)
     torch.testing.assert_close(m1, m0, rtol=1e-4, atol=1e-7)
     torch.testing.assert_close(G1, G0, rtol=0, atol=1e-4 * float(G0.abs().max()))
+
+
+def test_zero_weights_and_tiny_clouds():
+    """Zero-weight points get the potential of the final plan; 1- and 2-point clouds work."""
+    x, y = _clouds(400, 300, d=2, seed=3)
+    a = _weights(400, 1)
+    a[::7] = 0
+    a = a / a.sum()
+    kw = dict(eps=2e-3, tol=1e-7, n_iters=5000, backend="torch")
+    ms = fs.sinkhorn(x, y, a, path="multiscale", **kw)
+    ref = fs.sinkhorn(x, y, a, **kw)
+    torch.testing.assert_close(ms.value, ref.value, rtol=1e-9, atol=0)
+    c = (ms.f - ref.f)[a > 0].mean()
+    torch.testing.assert_close(ms.f - c, ref.f, rtol=0, atol=1e-6)
+    for n, m in [(1, 1), (5, 2)]:
+        xs, ys = x[:n], y[:m]
+        got = fs.sinkhorn(xs, ys, path="multiscale", **kw)
+        want = fs.sinkhorn(xs, ys, **kw)
+        torch.testing.assert_close(got.value, want.value, rtol=1e-9, atol=1e-12)

@@ -212,7 +212,10 @@ def _smallest_within(lb: torch.Tensor, b: torch.Tensor, B: int, budget: float) -
     problem)."""
     order = torch.argsort(lb)
     order = order[torch.argsort(b[order], stable=True)]  # by problem, then by bound
-    run = torch.exp(lb[order]).cumsum(0)
+    # Bounds above the budget are never skipped: capping them keeps the running sums (one
+    # cumsum over all problems, differenced per problem) free of the cancellation that huge
+    # kept bounds of one problem would cause in the next.
+    run = torch.exp(lb[order]).clamp_max(2.0 * budget).cumsum(0)
     counts = torch.bincount(b, minlength=B)
     ends = counts.cumsum(0)
     before = torch.cat([run.new_zeros(1), run])[ends - counts]  # running sum before each
