@@ -262,7 +262,7 @@ def test_sparse_lse_chunks(monkeypatch):
 
 
 @pytest.mark.parametrize("bary", [False, True])
-def test_triton_sparse_kernel_matches_torch(bary):
+def test_triton_sparse_kernel_matches_torch(bary, device):
     """``_lse_sparse_fwd_kernel`` (interpreter on CPU) against the torch block-sparse LSE."""
     from flashsinkhorn.backends.triton.sparse import sparse_lse as tr_lse
 
@@ -270,8 +270,9 @@ def test_triton_sparse_kernel_matches_torch(bary):
     # a row tile with no visited tile gives −inf (and zero barycentre)
     L, S = sparse_torch.sparse_lse(lx.x[0], ly.x[0], hc[0], rowptr, cidx, eps,
                                    ly.x[0] if bary else None)  # fmt: skip
-    Lt, St = tr_lse(lx.x[0].contiguous(), ly.x[0].contiguous(), hc[0].contiguous(), rowptr,
-                    cidx, eps, bary, TILE)  # fmt: skip
+    dev = [t.to(device).contiguous() for t in (lx.x[0], ly.x[0], hc[0], rowptr, cidx)]
+    Lt, St = tr_lse(*dev, eps, bary, TILE)
+    Lt, St = Lt.cpu(), (None if St is None else St.cpu())
     fin = torch.isfinite(L)
     assert torch.equal(fin, torch.isfinite(Lt))
     torch.testing.assert_close(Lt[fin], L[fin], rtol=2e-5, atol=2e-4)
@@ -489,7 +490,7 @@ def test_auto_rule():
     assert fs.sinkhorn(x, y, eps=1e-3, backend="torch").path == "dense"
 
 
-def test_backend_kernel_path_matches_torch_path():
+def test_backend_kernel_path_matches_torch_path(device):
     """The backend's soft-min and envelope gradient through ``_lse_sparse_fwd_kernel``
     (interpreter) equal those of the torch block-sparse path, float32."""
     from flashsinkhorn.backends.torch_ref import TorchBackend
@@ -497,6 +498,7 @@ def test_backend_kernel_path_matches_torch_path():
     from flashsinkhorn.problem import prepare
 
     x, y = _clouds(150, 130, d=3, seed=16, dtype=torch.float32)
+    x, y = x.to(device), y.to(device)
     p = prepare(x, y, None, None, rho_x=None, rho_y=None, precision="ieee")
     eps = 3e-3
     ref = fs.sinkhorn(x, y, eps=eps, backend="torch", tol=1e-4)
