@@ -21,6 +21,10 @@ untimed first call, whose time is reported as ``first_call_s``):
   missing or the device is not CUDA, or where its time extrapolated as n² exceeds
   ``--dense-budget``).
 
+Where eps is below the float32 plan floor (1.2e-5·D², flashsinkhorn/limits.py: eps =
+(0.001·D)² is) our solves take float64 points (the torch block-sparse path on the GPU) and the
+streaming path is not run.
+
 Output: one JSON file ``<out>/multiscale_<device>.json`` with a row per (shape, n, eps,
 method, mode). ``--quick`` runs n = 500 with the first eps factor on the CPU in under a
 minute (a smoke test of the script: one call per method, no repetition).
@@ -144,34 +148,57 @@ def _ms_info(res) -> dict:
     }
 
 
-def bench_ours(rows, shape, n, eps_f, x, y, eps, device, reps, dense_budget, predicted):
-    base = {"shape": shape, "n": n, "eps_factor": eps_f, "eps": eps, "tol": TOL}
+#: float32 plans need eps >= 1.2e-5·D² (flashsinkhorn.limits.PLAN_FLOOR_ULPS): below it our
+#: solves run in float64 (the streaming path then is not the kernels' and is not run).
+FP32_FLOOR = 1.2e-5
+
+
+def _attempt(rows, row, fn, device, reps):
+    """Times ``fn``; a failure becomes the row's ``error`` (the grid goes on)."""
+    try:
+        first, t, out, peak = timed(fn, device, reps)
+    except Exception as e:  # noqa: BLE001 (a failure is a result)
+        rows.append({**row, "error": f"{type(e).__name__}: {e}"[:300]})
+        print(json.dumps(rows[-1]), flush=True)
+        return None
+    row.update(time_s=t, first_call_s=first, peak_gb=peak)
+    return out
+
+
+def bench_ours(rows, shape, n, eps_f, x, y, eps, device, reps, dense_budget, predicted, diam):
+    fp64 = eps < FP32_FLOOR * diam * diam
+    if fp64:
+        x, y = x.double(), y.double()
+    base = {"shape": shape, "n": n, "eps_factor": eps_f, "eps": eps, "tol": TOL,
+            "dtype": str(x.dtype).replace("torch.", "")}  # fmt: skip
     dense_path = "streaming" if device.type == "cuda" else "auto"
     ref = {}
     for mode in ("fwd", "fwdbwd"):
+        make_fn = _ours_fwd if mode == "fwd" else _ours_fwdbwd
         key = (shape, eps_f, mode)
         guess = predicted.get(key)
-        if guess is not None and guess[1] * (n / guess[0]) ** 2 > dense_budget:
-            rows.append({**base, "method": "ours-streaming", "mode": mode,
-                         "skipped": f"predicted {guess[1] * (n / guess[0]) ** 2:.0f} s > "
-                                    f"--dense-budget {dense_budget:g} s"})  # fmt: skip
+        row = {**base, "method": "ours-streaming", "mode": mode}
+        if fp64 and device.type == "cuda":
+            rows.append({**row, "skipped": "eps below the float32 plan floor; float64 does not "
+                                           "run the streaming kernels"})  # fmt: skip
+        elif guess is not None and guess[1] * (n / guess[0]) ** 2 > dense_budget:
+            rows.append({**row, "skipped": f"predicted {guess[1] * (n / guess[0]) ** 2:.0f} s > "
+                                           f"--dense-budget {dense_budget:g} s"})  # fmt: skip
         else:
-            make_fn = _ours_fwd if mode == "fwd" else _ours_fwdbwd
-            first, t, out, peak = timed(make_fn(x, y, eps, dense_path), device, reps)
-            predicted[key] = (n, t)
-            row = {**base, "method": "ours-streaming", "mode": mode, "time_s": t,
-                   "first_call_s": first, "peak_gb": peak}  # fmt: skip
-            if mode == "fwd":
-                row.update(n_iters=out.n_iters, marginal_error=float(out.marginal_error),
-                           value=float(out.value))  # fmt: skip
-                ref["value"] = out.value
-            else:
-                ref["grads"] = out[1:]
-            rows.append(row)
-        make_fn = _ours_fwd if mode == "fwd" else _ours_fwdbwd
-        first, t, out, peak = timed(make_fn(x, y, eps, "multiscale"), device, reps)
-        row = {**base, "method": "ours-multiscale", "mode": mode, "time_s": t,
-               "first_call_s": first, "peak_gb": peak}  # fmt: skip
+            out = _attempt(rows, row, make_fn(x, y, eps, dense_path), device, reps)
+            if out is not None:
+                predicted[key] = (n, row["time_s"])
+                if mode == "fwd":
+                    row.update(n_iters=out.n_iters, marginal_error=float(out.marginal_error),
+                               value=float(out.value))  # fmt: skip
+                    ref["value"] = out.value
+                else:
+                    ref["grads"] = out[1:]
+                rows.append(row)
+        row = {**base, "method": "ours-multiscale", "mode": mode}
+        out = _attempt(rows, row, make_fn(x, y, eps, "multiscale"), device, reps)
+        if out is None:
+            continue
         if mode == "fwd":
             row.update(n_iters=out.n_iters, marginal_error=float(out.marginal_error),
                        converged=out.converged, value=float(out.value))  # fmt: skip
@@ -179,7 +206,6 @@ def bench_ours(rows, shape, n, eps_f, x, y, eps, device, reps, dense_budget, pre
             if "value" in ref:
                 row["value_rel"] = abs(float(out.value) / float(ref["value"]) - 1.0)
         elif "grads" in ref:
-            row["value_rel"] = None
             row["grad_rel_x"] = _rel(out[1], ref["grads"][0])
             row["grad_rel_y"] = _rel(out[2], ref["grads"][1])
         rows.append(row)
@@ -253,7 +279,8 @@ def main(argv=None):
             for f in factors:
                 eps = (f * diam) ** 2
                 r = 1 if n >= 4_000_000 else reps
-                bench_ours(rows, shape, n, f, x, y, eps, device, r, args.dense_budget, predicted)
+                bench_ours(rows, shape, n, f, x, y, eps, device, r, args.dense_budget, predicted,
+                           diam)  # fmt: skip
                 if not args.no_peer:
                     bench_flash(rows, shape, n, f, x, y, eps, device, r, args.dense_budget,
                                 predicted)  # fmt: skip

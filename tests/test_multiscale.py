@@ -186,6 +186,12 @@ def test_pattern_skips_at_most_its_bound(n, m):
     out2 = _outside_mass(lx, ly, pat, f2, g2, eps, n, m)
     assert torch.all(out2 <= pat.skipped_bound(lx, ly, f2, g2, eps) * (1 + 1e-9))
     assert float(out2.max()) > 0
+    # potentials moved by 1000 eps: an infinite bound where something was skipped, never NaN
+    far = pat.skipped_bound(lx, ly, fs_ + 1e3 * eps, gs_, eps)
+    assert not torch.isnan(far).any() and torch.all(far >= out)
+    empty = build_pattern(lx, ly, fs_, gs_, eps, 0.0)
+    assert float(sum(empty.skipped)) == 0.0
+    assert torch.all(empty.skipped_bound(lx, ly, fs_ + 1e3 * eps, gs_, eps) == 0)
 
 
 def test_batched_pattern_equals_per_problem_patterns():

@@ -180,7 +180,9 @@ class Pattern:
             dx = _max_shift(ax, sx.alpha)
             dy = _max_shift(ay, sy.alpha)
             # at another eps the bound's exponent scales: E/eps' = E/eps · eps/eps'
-            total = total + _rescale(s0, self.eps, eps) * torch.exp((dx + dy) / eps)
+            grown = _rescale(s0, self.eps, eps) * torch.exp((dx + dy) / eps)
+            # nothing skipped stays nothing (not 0 · inf = NaN when the potentials moved far)
+            total = total + torch.where(s0 > 0, grown, 0.0)
         return total
 
 
@@ -215,7 +217,7 @@ def _smallest_within(lb: torch.Tensor, b: torch.Tensor, B: int, budget: float) -
     # Bounds above the budget are never skipped: capping them keeps the running sums (one
     # cumsum over all problems, differenced per problem) free of the cancellation that huge
     # kept bounds of one problem would cause in the next.
-    run = torch.exp(lb[order]).clamp_max(2.0 * budget).cumsum(0)
+    run = torch.exp(lb[order]).clamp_max(max(2.0 * budget, 1e-300)).cumsum(0)
     counts = torch.bincount(b, minlength=B)
     ends = counts.cumsum(0)
     before = torch.cat([run.new_zeros(1), run])[ends - counts]  # running sum before each
