@@ -212,16 +212,20 @@ def _run_plain(problem, backend, f, g, eps, opts, phase, done):
     state = {"converged": False, "last": done, "err": None}
 
     def test(err) -> bool:
-        # the error of the whole problem (a sharded backend reduces it over its ranks)
-        err = state["err"] = backend.reduce_error(backend.bound_error(err))
-        per = err.tolist()
+        # the error of the whole problem (a sharded backend reduces it over its ranks); a
+        # truncating backend bounds that of the exact plan, while the estimate of the
+        # contraction (over-relaxation) reads the measured error of the iteration itself
+        measured = backend.reduce_error(err)
+        err = state["err"] = backend.bound_error(measured)
+        both = torch.stack([err, measured]).tolist() if err is not measured else None
+        per, per_measured = (both[0], both[1]) if both is not None else (err.tolist(),) * 2
         worst = max(per)
         errors.append((done, worst))
         if worst <= tol:
             state["converged"] = True
             return True
         if relax is not None:
-            relax.update(per, done - state["last"])
+            relax.update(per_measured, done - state["last"])
         state["last"] = done
         return False
 
@@ -329,7 +333,7 @@ def _run_anderson(problem, backend, f, g, eps, opts, phase, done):
             phase = _NEXT_PHASE[phase]
             err = side_error(X, f, tf, eps) + side_error(Y, g, tg, eps)
         if _is_check(opts, k):
-            err = backend.reduce_error(backend.bound_error(err))
+            err = backend.bound_error(backend.reduce_error(err))
             worst = float(err.max())
             errors.append((done, worst))
             if worst <= tol:
