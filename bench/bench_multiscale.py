@@ -19,7 +19,7 @@ untimed first call, whose time is reported as ``first_call_s``):
 - ``flash-sinkhorn-multiscale``: ``flash_sinkhorn.SamplesLoss(backend="multiscale")`` with
   blur = sqrt(eps) and its own ``tol=1e-3`` (forward only; skipped when the package is
   missing or the device is not CUDA, or where its time extrapolated as n² exceeds
-  ``--dense-budget``).
+  ``--peer-budget``, default ``--dense-budget``).
 
 Where eps is below the float32 plan floor (1.2e-5·D², flashsinkhorn/limits.py: eps =
 (0.001·D)² is) our solves take float64 points (the torch block-sparse path on the GPU) and the
@@ -288,6 +288,12 @@ def main(argv=None):
         default=120.0,
         help="skip the streaming path where its predicted time exceeds this (s)",
     )
+    ap.add_argument(
+        "--peer-budget",
+        type=float,
+        default=None,
+        help="the same for flash-sinkhorn (default: --dense-budget)",
+    )
     ap.add_argument("--no-peer", action="store_true", help="skip flash-sinkhorn")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -308,8 +314,10 @@ def main(argv=None):
                 bench_ours(rows, shape, n, f, x, y, eps, device, r, args.dense_budget, predicted,
                            diam)  # fmt: skip
                 if not args.no_peer:
-                    bench_flash(rows, shape, n, f, x, y, eps, device, r, args.dense_budget,
-                                predicted)  # fmt: skip
+                    peer_budget = (
+                        args.dense_budget if args.peer_budget is None else args.peer_budget
+                    )
+                    bench_flash(rows, shape, n, f, x, y, eps, device, r, peer_budget, predicted)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     slug = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
     os.makedirs(args.out, exist_ok=True)

@@ -102,22 +102,26 @@ class MultiscaleBackend(Backend):
 
     def softmin(self, rows, cols, col_pot, eps, old, alpha, beta, want_raw, precision):
         lr, lc = self.layout(rows), self.layout(cols)
-        rs, cs = lr.sort(old), lc.sort(col_pot)
+        cs = lc.sort(col_pot)
         orient = self._orientation(rows, cols)
         if orient is None:
             # a side the solve does not know: a pattern of its own, for these potentials
-            pat = self._build(lr, lc, rs, cs, eps, rows.x is cols.x)
+            pat = self._build(lr, lc, lr.sort(old), cs, eps, rows.x is cols.x)
             orient = "xy"
         else:
-            lx, ly = (lr, lc) if orient == "xy" else (lc, lr)
-            f, g = (rs, cs) if orient == "xy" else (cs, rs)
-            pat = self._solve_pattern(lx, ly, f, g, eps)
-            if want_raw:
-                u_now = pat.skipped_bound(lx, ly, f, g, eps)
-                last = self._last if self._last is not None else pat
-                u_last = u_now if last is pat else last.skipped_bound(lx, ly, f, g, eps)
-                self._u_now = u_now
-                self._pending = 2.0 * torch.maximum(u_now, u_last)
+            pat = self.pattern
+            # the row potential in sorted order is needed for a rebuild and for the bound
+            if want_raw or pat is None or pat.eps != eps or self._stale:
+                rs = lr.sort(old)
+                lx, ly = (lr, lc) if orient == "xy" else (lc, lr)
+                f, g = (rs, cs) if orient == "xy" else (cs, rs)
+                pat = self._solve_pattern(lx, ly, f, g, eps)
+                if want_raw:
+                    u_now = pat.skipped_bound(lx, ly, f, g, eps)
+                    last = self._last if self._last is not None else pat
+                    u_last = u_now if last is pat else last.skipped_bound(lx, ly, f, g, eps)
+                    self._u_now = u_now
+                    self._pending = 2.0 * torch.maximum(u_now, u_last)
             self._last = pat
         lse, _ = self._lse(lr, lc, cs, eps, pat.csr[orient])
         T = lr.unsort(-eps * lse)
