@@ -81,7 +81,7 @@ def test_100k_matches_streaming():
 
 
 def test_batched_unbalanced_float64_on_gpu():
-    x, y, diam = _gmm_shell(20_000, seed=2)
+    x, y, diam = _gmm_shell(5_000, seed=2)
     X, Y = torch.stack([x, y]), torch.stack([y, x])
     eps = (0.01 * diam) ** 2
     kw = dict(eps=eps, tol=1e-4, rho_x=1.0, rho_y=1.0)
