@@ -17,7 +17,7 @@ SCHEDULES = ("auto", "symmetric", "alternating")
 ACCELERATIONS = ("auto", "none", "overrelax", "anderson")
 BACKENDS = ("auto", "torch", "triton")
 PRECISIONS = ("auto", "ieee", "tf32", "tf32x3")
-PATHS = ("auto", "streaming", "dense")
+PATHS = ("auto", "streaming", "dense", "multiscale")
 
 
 def _check_array(name: str, x: object, lead: str, tail: str) -> torch.Tensor:

@@ -236,26 +236,40 @@ def transform_points(x: torch.Tensor, spec: CostSpec) -> torch.Tensor:
     return z.to(x.dtype)
 
 
+#: Second derivatives of a multiscale solve (its plan is block-sparse; the Schur solve of the
+#: HVP is not implemented on it).
+SECOND_ORDER_MULTISCALE_MESSAGE = (
+    "flashsinkhorn: second derivatives (hvp, HessianOperator, double backward) are not "
+    "available on path='multiscale'; solve with path='streaming' (or 'auto') to differentiate "
+    "twice"
+)
+
+
 class _RefuseSecondOrder(torch.autograd.Function):
     @staticmethod
     def forward(ctx, grad, *anchors):
         ctx.cost = getattr(_RefuseSecondOrder, "_cost", "?")
+        ctx.message = getattr(_RefuseSecondOrder, "_message", None)
         return grad.clone()
 
     @staticmethod
     def backward(ctx, *grad_outputs):
+        if ctx.message is not None:
+            raise ValueError(ctx.message)
         raise ValueError(SECOND_ORDER_COST_MESSAGE.format(cost=ctx.cost))
 
 
-def refuse_second_order(grads, anchors, cost: str):
+def refuse_second_order(grads, anchors, cost: str, message: str | None = None):
     """Like :func:`~.autograd.guard.guard_second_order`, for costs without second derivatives:
-    a further differentiation of ``grads`` raises a ValueError."""
+    a further differentiation of ``grads`` raises a ValueError (``message``, or the one that
+    names the cost)."""
     if not torch.is_grad_enabled():
         return grads
     live = [t for t in anchors if isinstance(t, torch.Tensor) and t.requires_grad]
     if not live:
         return grads
     _RefuseSecondOrder._cost = cost
+    _RefuseSecondOrder._message = message
     return tuple(None if g is None else _RefuseSecondOrder.apply(g, *live) for g in grads)
 
 

@@ -19,6 +19,7 @@ from . import limits
 from .backends import kernel_costs, resolve_backend, select_path
 from .backends.matrix import MatrixBackend, prepare_matrix
 from .backends.sides import prepare_sides
+from .multiscale import multiscale_applies, multiscale_backend, solve_multiscale
 from .options import SinkhornOptions
 from .problem import Problem, prepare, stack_sides, stackable
 from .result import SinkhornResult
@@ -38,21 +39,37 @@ def _problem(x, y, a, b, opts: SinkhornOptions, sq_floor: float):
     """The backend (its path chosen) and the canonical problem of transformed points."""
     spec = opts.cost
     impl = resolve_backend(opts.backend, x.device, x.dtype)
-    prec = resolve_precision(opts.precision, impl.name, x.dtype)
+    multiscale = multiscale_applies(x, y, opts)
+    # the multiscale path forms distances from exact coordinates (no tensor-core rounding)
+    prec = "ieee" if multiscale else resolve_precision(opts.precision, impl.name, x.dtype)
     problem = prepare(
         x, y, a, b, rho_x=opts.rho_x, rho_y=opts.rho_y, precision=prec,
         check_finite=opts.check_finite, cost=spec.kernel_cost,
         labels=spec.labels_for_prepare(), sq_floor=sq_floor,
         sides=prepare_sides(x, y),
     )  # fmt: skip
+    if multiscale:
+        return multiscale_backend(impl, problem, opts), problem
     return select_path(impl, problem, opts.path), problem
+
+
+def _path_for(base, problem, opts: SinkhornOptions, like):
+    """The backend of another problem of the same solve (the self terms of a divergence):
+    multiscale when ``like`` (the first problem's backend) is, else ``select_path``."""
+    if like.path == "multiscale":
+        return multiscale_backend(base, problem, opts)
+    return select_path(base, problem, opts.path)
 
 
 def _solve(problem, impl, eps_list, opts: SinkhornOptions) -> SinkhornResult:
     """Runs the loop on a prepared problem (options resolved) and wraps the result."""
 
     def run():
-        st = solve(problem, impl, eps_list, opts)
+        if impl.path == "multiscale":
+            check_multiscale_eps(problem, eps_list[-1])
+            st = solve_multiscale(problem, impl, eps_list, opts, problem.diameter)
+        else:
+            st = solve(problem, impl, eps_list, opts)
         return st, dual_value(problem, st.f, st.g, st.eps, impl)
 
     # A fixed number of iterations never synchronises: on CUDA the solve and its value may
@@ -90,7 +107,7 @@ def solve_points(
     """
     with torch.no_grad():
         impl, problem = _problem(x, y, a, b, opts, sq_floor)
-        opts, eps_list = schedule_for(problem, opts, gpu=impl.name == "triton")
+        opts, eps_list = schedule_for(problem, opts, gpu=_streams(impl))
         problem = limits.admit(problem, eps_list, tol=opts.tol)
         return _solve(problem, impl, eps_list, opts)
 
@@ -122,14 +139,14 @@ def solve_divergence(
     """
     with torch.no_grad():
         impl, problem = _problem(x, y, a, b, opts, 0.0)
-        opts, eps_list = schedule_for(problem, opts, gpu=impl.name == "triton")
+        opts, eps_list = schedule_for(problem, opts, gpu=_streams(impl))
         problem = limits.admit(problem, eps_list, tol=opts.tol)
         xy = _solve(problem, impl, eps_list, opts)
         base = resolve_backend(opts.backend, x.device, x.dtype)
 
         def run(p):
             # each problem gets its own path (a dense-path backend holds that problem's K)
-            return _solve(p, select_path(base, p, opts.path), eps_list, opts)
+            return _solve(p, _path_for(base, p, opts, impl), eps_list, opts)
 
         X, Y = problem.X, problem.Y
         if X.lcost is not None and not torch.equal(X.lcost, X.lcost.transpose(0, 1)):
@@ -149,6 +166,25 @@ def solve_divergence(
         centre = None if problem.centre is None else problem.centre.repeat(2, 1)
         both = run(Problem(Z, Z, True, problem.precision, centre))
     return xy, *(_part(both, k, p) for k, p in ((0, px), (1, py)))
+
+
+def _streams(impl) -> bool:
+    """The "auto" acceleration weighs an iteration's launches against its kernels by the
+    scores per half-step (``SinkhornOptions.resolve``): for a backend that streams them on a
+    GPU, and for the multiscale path on any device (its fine iterations are long; Anderson
+    mixing needed 63 fine iterations against 103 over-relaxed on 6,000-point 3-D clouds)."""
+    return impl.name == "triton" or impl.path == "multiscale"
+
+
+def check_multiscale_eps(problem: Problem, eps: float) -> None:
+    """Refuses the multiscale path at an eps where the soft-min needs the large-eps
+    expansion (limits.py): every tile pair would be visited there anyway."""
+    if eps >= problem.X.large_eps or eps >= problem.Y.large_eps:
+        raise ValueError(
+            f"path='multiscale' is for small eps (eps much below diameter²); eps={eps:.3g} is "
+            "at the scale of the cost itself, where every tile pair is visited: use "
+            "path='auto' or 'streaming'"
+        )
 
 
 def _part(res: SinkhornResult, k: int, problem: Problem) -> SinkhornResult:

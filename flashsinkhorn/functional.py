@@ -92,8 +92,14 @@ def sinkhorn(
         path: how the Triton backend reads the cost: "streaming" (x·yᵀ tiles recomputed
             each half-step, O((n + m) d) memory), "dense" (K = x yᵀ built once, then only
             streamed: faster at large d, O(B n m) memory) or "auto" (dense for d >= 256 when
-            K fits in memory). ``result.path`` says which ran. Non-default costs and labels
-            use the streaming kernels only (``path="dense"`` is then a ValueError).
+            K fits in memory; "multiscale" for d <= 3, B·n·m >= 1e10 and eps <= 1e-3·
+            diameter² with a tolerance). ``result.path`` says which ran. Non-default costs
+            and labels use the streaming kernels only (``path="dense"`` is then a
+            ValueError). "multiscale" (any backend, d <= 3, float32/float64, the plain
+            squared Euclidean cost): Morton clustering, a coarse annealed solve on cell
+            centroids and block-sparse fine soft-mins that skip tile pairs whose bound of the
+            plan's mass is negligible; ``marginal_error`` is then an upper bound of the
+            untruncated plan's error (docs/multiscale.md).
         cost: ground cost c(x, y): "sqeuclidean" (‖x − y‖², default), "euclidean"
             (‖x − y‖) or "cosine" (1 − cos(x, y); a zero vector is mapped to the origin, so
             its cost to any point is feature_weight/2). ``eps`` is in units of this cost.

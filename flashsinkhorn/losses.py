@@ -60,6 +60,7 @@ def ot_cost(
     backend: str = "auto",
     precision: str = "auto",
     check_finite: bool = True,
+    path: str = "auto",
     hvp_options: dict | None = None,
     cost: str = "sqeuclidean",
     feature_map: torch.Tensor | None = None,
@@ -88,6 +89,9 @@ def ot_cost(
         diameter, rho_x, rho_y, backend, precision, check_finite: as in
             :func:`flashsinkhorn.sinkhorn` (defaults: 1000, 1e-3, 10, "auto", "auto", None,
             5, "auto", None, None, None, "auto", "auto", True).
+        path: "auto" (default), "streaming", "dense" or "multiscale", as in
+            :func:`flashsinkhorn.sinkhorn`; "multiscale" (d <= 3) differentiates through the
+            block-sparse plan (first derivatives only; docs/multiscale.md).
         hvp_options: Schur-solve settings of the second derivative (``create_graph=True``
             then grad again, which applies the streaming HVP): keys ``tau``, ``cg_tol``,
             ``cg_max_iter``, ``cg_check_every`` (defaults 1e-5, 1e-6, 500, 10; docs/hvp.md).
@@ -155,6 +159,7 @@ def sinkhorn_divergence(
     backend: str = "auto",
     precision: str = "auto",
     check_finite: bool = True,
+    path: str = "auto",
     hvp_options: dict | None = None,
     cost: str = "sqeuclidean",
     feature_map: torch.Tensor | None = None,
@@ -170,7 +175,8 @@ def sinkhorn_divergence(
     eps/2 (m_a − m_b)² is added (Séjourné et al.), so that S >= 0 also for unequal masses.
 
     S ≥ 0, S(a, a) = 0 and S(a, b) = S(b, a) (up to the solver tolerance); it is the training
-    loss most users want. Options as in :func:`ot_cost`, except that ``rho_x`` and ``rho_y``
+    loss most users want. Options as in :func:`ot_cost` (``path="multiscale"`` runs all three
+    solves, the self terms included, on the multiscale path), except that ``rho_x`` and ``rho_y``
     must be equal (both None, or the same number): a relaxation of one marginal only, or two
     different ones, has no debiased divergence with S(a, a) = 0 and S >= 0 (a ValueError;
     docs/transport.md). With ``scaling`` all three solves anneal from the same diameter (that

@@ -119,7 +119,7 @@ class SinkhornOptions:
         backend: "auto", "torch" or "triton".
         precision: "auto", "ieee", "tf32" or "tf32x3".
         check_finite: check the inputs for NaN/inf.
-        path: "auto", "streaming" or "dense".
+        path: "auto", "streaming", "dense" or "multiscale".
         cost: the validated cost description (:class:`~flashsinkhorn.costs.CostSpec`).
         hvp: Schur-solve settings of second derivatives.
     """
@@ -179,6 +179,12 @@ class SinkhornOptions:
             spec = _DEFAULT_COST  # nothing to check against the clouds
         else:
             spec = check_cost(x, y, **cost_kw)
+        path = V.check_choice("path", s["path"], V.PATHS)
+        precision = V.check_choice("precision", s["precision"], V.PRECISIONS)
+        if path == "multiscale" and x is not None:
+            from .multiscale.select import check_options
+
+            check_options(x, spec.is_default, precision)
         return cls(
             eps=V.check_positive("eps", kw["eps"]),
             n_iters=V.check_int("n_iters", s["n_iters"], 1),
@@ -193,9 +199,9 @@ class SinkhornOptions:
             rho_x=V.check_positive("rho_x", s["rho_x"], allow_none=True),
             rho_y=V.check_positive("rho_y", s["rho_y"], allow_none=True),
             backend=V.check_choice("backend", s["backend"], V.BACKENDS),
-            precision=V.check_choice("precision", s["precision"], V.PRECISIONS),
+            precision=precision,
             check_finite=check_finite,
-            path=V.check_choice("path", s["path"], V.PATHS),
+            path=path,
             cost=spec,
             hvp=HVPOptions.build(hvp_options),
         )

@@ -46,11 +46,16 @@ QUICK = {
     "gradient_flow.py": ["out/flow", "--quick"],
     "hvp_accuracy.py": ["--quick"],
     "mhc_transformer.py": ["--quick"],
+    "multiscale_stages.py": ["--quick", "--out", "out/ms.png"],
     "otdd.py": ["out/otdd", "--quick"],
     "shuffled_regression.py": ["--quick", "--out", "out/sr"],
     "distributed.py": ["--quick"],
 }
-NEEDS = {"gradient_flow.py": ["matplotlib"], "otdd.py": ["matplotlib", "sklearn", "tqdm"]}
+NEEDS = {
+    "gradient_flow.py": ["matplotlib"],
+    "multiscale_stages.py": ["matplotlib"],
+    "otdd.py": ["matplotlib", "sklearn", "tqdm"],
+}
 
 
 def test_every_example_has_a_quick_run():

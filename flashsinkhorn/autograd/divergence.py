@@ -40,7 +40,10 @@ class DivergenceFunction(torch.autograd.Function):
         ctx.terms = terms
         ctx.hvp_options = hvp_options
         ctx.label_weight = label_weight
-        ctx.second_order = bool(second_order) and xy.solution.problem.default_cost
+        ctx.multiscale = xy.solution.backend.path == "multiscale"
+        ctx.second_order = (
+            bool(second_order) and xy.solution.problem.default_cost and not ctx.multiscale
+        )
         ctx.save_for_backward(x, y, a, b, label_cost)
         return xy.value - 0.5 * (xx.value + yy.value)
 
@@ -78,10 +81,11 @@ class DivergenceFunction(torch.autograd.Function):
             gx, gy = _points_grad_differentiable(ctx, x, y, a, b, grad_out)
             ga, gb = guard_second_order((ga, gb), (x, y, a, b))
         elif not ctx.second_order:
-            from ..costs import refuse_second_order
+            from ..costs import SECOND_ORDER_MULTISCALE_MESSAGE, refuse_second_order
 
+            msg = SECOND_ORDER_MULTISCALE_MESSAGE if ctx.multiscale else None
             gx, gy, ga, gb, gW = refuse_second_order(
-                (gx, gy, ga, gb, gW), (x, y, a, b, label_cost), problem.cost
+                (gx, gy, ga, gb, gW), (x, y, a, b, label_cost), problem.cost, msg
             )
         else:
             gx, gy, ga, gb = guard_second_order((gx, gy, ga, gb), (x, y, a, b))

@@ -78,8 +78,12 @@ class OTCostFunction(torch.autograd.Function):
         ctx.res = res
         ctx.hvp_options = hvp_options
         ctx.label_weight = label_weight
-        # Other costs (costs.py) have no second derivatives: refuse them with a ValueError.
-        ctx.second_order = bool(second_order) and res.solution.problem.default_cost
+        # Other costs (costs.py) have no second derivatives, and the multiscale path no HVP:
+        # refuse them with a ValueError.
+        ctx.multiscale = res.solution.backend.path == "multiscale"
+        ctx.second_order = (
+            bool(second_order) and res.solution.problem.default_cost and not ctx.multiscale
+        )
         ctx.save_for_backward(x, y, a, b, label_cost)
         return res.value.clone()
 
@@ -93,12 +97,13 @@ class OTCostFunction(torch.autograd.Function):
             with torch.no_grad():
                 gW = _label_cost_grad(ctx.res, grad_out, ctx.label_weight).to(label_cost.dtype)
         if not ctx.second_order:
-            from ..costs import refuse_second_order
+            from ..costs import SECOND_ORDER_MULTISCALE_MESSAGE, refuse_second_order
 
             res = ctx.res
             grads = _first_order(ctx, x, y, a, b, grad_out, ctx.needs_input_grad)
+            msg = SECOND_ORDER_MULTISCALE_MESSAGE if ctx.multiscale else None
             grads = refuse_second_order(
-                (*grads, gW), (x, y, a, b, label_cost), res.solution.problem.cost
+                (*grads, gW), (x, y, a, b, label_cost), res.solution.problem.cost, msg
             )
             return (*grads[:4], None, None, grads[4], None, None)
         gx, gy, ga, gb = _backward_sqeuclidean(ctx, x, y, a, b, grad_out)

@@ -193,6 +193,12 @@ class Backend(ABC):
         """
         raise NotImplementedError(f"backend {self.name!r} has no transport gradient")
 
+    def bound_error(self, err: torch.Tensor) -> torch.Tensor:
+        """(B,) marginal error of the exact plan from the error measured by the last soft-mins
+        (``want_raw``): the identity, except for a backend that visits part of the plan only
+        (multiscale: it adds the bound of the skipped mass)."""
+        return err
+
     def reduce_error(self, err: torch.Tensor) -> torch.Tensor:
         """(B,) marginal error of the whole problem from this process's part of it: the
         identity, except for a backend that shards one problem over several processes."""

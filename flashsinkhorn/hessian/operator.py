@@ -109,6 +109,10 @@ class HessianOperator:
         from ..costs import check_default_cost
 
         check_default_cost(solver_options, "the HVP")
+        if solver_options.get("path") == "multiscale":
+            raise ValueError(
+                "path: HVPs are not available on path='multiscale'; use 'auto' or 'streaming'"
+            )
         hv = HVPOptions.build(tau=tau, cg_tol=cg_tol, cg_max_iter=cg_max_iter,
                               cg_check_every=cg_check_every)  # fmt: skip
         self.tau, self.cg_tol, self.cg_max_iter = hv.tau, hv.cg_tol, hv.cg_max_iter

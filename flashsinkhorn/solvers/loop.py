@@ -12,7 +12,8 @@ With a tolerance, the marginal error is tested every ``check_every`` iterations 
 iterations in between never synchronise with the host. The marginals come for free from the
 soft-mins of the step that follows the check, and when the test passes the potentials *before*
 that step are returned, so ``marginal_error`` always describes the returned plan exactly.
-A sharded backend reduces the error over its ranks (``Backend.reduce_error``) before the test.
+A sharded backend reduces the error over its ranks (``Backend.reduce_error``) before the test;
+a backend that visits part of the plan only adds the bound of the rest (``Backend.bound_error``).
 
 ``extrapolate=True`` ends with one plain (unaveraged) update of every potential from the
 previous ones and returns both: GeomLoss's "last extrapolation", whose gradients use the
@@ -211,16 +212,20 @@ def _run_plain(problem, backend, f, g, eps, opts, phase, done):
     state = {"converged": False, "last": done, "err": None}
 
     def test(err) -> bool:
-        # the error of the whole problem (a sharded backend reduces it over its ranks)
-        err = state["err"] = backend.reduce_error(err)
-        per = err.tolist()
+        # the error of the whole problem (a sharded backend reduces it over its ranks); a
+        # truncating backend bounds that of the exact plan, while the estimate of the
+        # contraction (over-relaxation) reads the measured error of the iteration itself
+        measured = backend.reduce_error(err)
+        err = state["err"] = backend.bound_error(measured)
+        both = torch.stack([err, measured]).tolist() if err is not measured else None
+        per, per_measured = (both[0], both[1]) if both is not None else (err.tolist(),) * 2
         worst = max(per)
         errors.append((done, worst))
         if worst <= tol:
             state["converged"] = True
             return True
         if relax is not None:
-            relax.update(per, done - state["last"])
+            relax.update(per_measured, done - state["last"])
         state["last"] = done
         return False
 
@@ -336,7 +341,7 @@ def _run_anderson(problem, backend, f, g, eps, opts, phase, done):
             phase = _NEXT_PHASE[phase]
             err = side_error(X, f, tf, eps) + side_error(Y, g, tg, eps)
         if _is_check(opts, k):
-            err = backend.reduce_error(err)
+            err = backend.bound_error(backend.reduce_error(err))
             worst = float(err.max())
             errors.append((done, worst))
             if worst <= tol:

@@ -146,6 +146,8 @@ def marginals(
 def marginal_error(
     problem: Problem, backend: Backend, f: torch.Tensor, g: torch.Tensor, eps: float
 ) -> torch.Tensor:
-    """(B,) ‖P1 − a‖₁ + ‖Pᵀ1 − b‖₁ (KL sides: against their fixed-point marginals)."""
+    """(B,) ‖P1 − a‖₁ + ‖Pᵀ1 − b‖₁ (KL sides: against their fixed-point marginals); for a
+    backend that visits part of the plan, an upper bound of it (``Backend.bound_error``)."""
     ra, rb = marginals(problem, backend, f, g, eps)
-    return (ra - _target(problem.X, f)).abs().sum(-1) + (rb - _target(problem.Y, g)).abs().sum(-1)
+    err = (ra - _target(problem.X, f)).abs().sum(-1) + (rb - _target(problem.Y, g)).abs().sum(-1)
+    return backend.bound_error(err)

@@ -1,0 +1,204 @@
+"""The block-sparse backend of the multiscale path.
+
+It implements the :class:`~flashsinkhorn.backends.base.Backend` primitives (soft-min,
+transport, envelope gradient) on the caller's point order, so the solver loop, the result
+object and the autograd functions run unchanged on it. Inside, each side is sorted along a
+Morton curve and cut into tiles (clustering.py); a soft-min visits only the tile pairs of a
+:class:`~.bounds.Pattern` and its cost is O(n · visited neighbours).
+
+The pattern of the solve is rebuilt from the current potentials when eps changes and when a
+convergence test finds that the potentials have moved so far that the bound of the skipped
+mass exceeds its budget. Each soft-min that feeds a test (``want_raw``) records that bound for
+the tested plan; :meth:`MultiscaleBackend.bound_error` adds it to the measured error, so the
+error the loop tests (and ``marginal_error`` reports) bounds that of the *untruncated* plan:
+
+    ‖P1 − a‖₁ + ‖Pᵀ1 − b‖₁ <= measured error of the visited plan + U_now + U_prev,
+
+U the bound of the mass outside a pattern (bounds.py) for the pattern of this soft-min and of
+the previous one (the "exact" marginal of the schedule was computed with that one). Both are
+replaced by their maximum, counted twice. Derivation: docs/multiscale.md.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..backends.base import Backend
+from ..problem import Problem, Side
+from . import sparse_torch
+from .bounds import Pattern, build_pattern
+from .clustering import TILE, Layout, build_layout
+
+#: Fraction of ``tol`` that the skipped mass may take: patterns are built with a budget of
+#: TRUNCATION_FRACTION · tol / 2 for the skipped bound U (the error bound counts 2 U).
+TRUNCATION_FRACTION = 0.1
+#: The tolerance the truncation budget is a fraction of when ``tol`` is None (fixed
+#: iterations): a mass error of 1e-6.
+UNTESTED_TOL = 1e-5
+
+
+class MultiscaleBackend(Backend):
+    """Block-sparse soft-mins over Morton tiles (torch operations, or the Triton kernel for
+    float32 on the Triton backend).
+
+    Args:
+        base: the dense backend of this device and dtype (runs the coarse solve and the lift).
+        problem: the problem of the solve (its sides' layouts are built here).
+        tol: the solve's tolerance (None: :data:`UNTESTED_TOL`), which sets the budget of
+            the skipped mass.
+    """
+
+    path = "multiscale"
+    graph_safe = False
+
+    def __init__(self, base: Backend, problem: Problem, tol: float | None):
+        self.base = base
+        self.name = base.name
+        self.problem = problem
+        self.kernel = base.name == "triton" and problem.dtype == torch.float32
+        self.budget = 0.5 * TRUNCATION_FRACTION * (UNTESTED_TOL if tol is None else tol)
+        self._layouts: dict[int, tuple[torch.Tensor, Layout]] = {}
+        self.pattern: Pattern | None = None
+        self._last: Pattern | None = None
+        self._pending: torch.Tensor | None = None
+        self._stale = False
+        #: patterns built by the solve (for the benchmarks and tests)
+        self.rebuilds = 0
+
+    # ----- layouts and patterns -----
+
+    def layout(self, side: Side) -> Layout:
+        """The Morton layout of a side, built once per point tensor."""
+        key = id(side.x)
+        got = self._layouts.get(key)
+        if got is not None and got[0] is side.x:
+            return got[1]
+        lay = build_layout(side.x, side.w, side.sq.dtype)
+        self._layouts[key] = (side.x, lay)
+        return lay
+
+    def _orientation(self, rows: Side, cols: Side) -> str | None:
+        """ "xy" or "yx" for the solve's two sides (by their point tensors), else None."""
+        X, Y = self.problem.X, self.problem.Y
+        if rows.x is X.x and cols.x is Y.x:
+            return "xy"
+        if rows.x is Y.x and cols.x is X.x:
+            return "yx"
+        return None
+
+    def _build(self, lx, ly, f, g, eps, self_problem) -> Pattern:
+        self.rebuilds += 1
+        return build_pattern(lx, ly, f, g, eps, self.budget, self_problem)
+
+    def _solve_pattern(self, lx, ly, f, g, eps) -> Pattern:
+        """The solve's pattern at ``eps``, rebuilt at (f, g) when eps changed or it is stale."""
+        p = self.pattern
+        if p is None or p.eps != eps or self._stale:
+            p = self.pattern = self._build(lx, ly, f, g, eps, self.problem.X is self.problem.Y)
+            self._stale = False
+        return p
+
+    # ----- the primitives -----
+
+    def softmin(self, rows, cols, col_pot, eps, old, alpha, beta, want_raw, precision):
+        lr, lc = self.layout(rows), self.layout(cols)
+        cs = lc.sort(col_pot)
+        orient = self._orientation(rows, cols)
+        if orient is None:
+            # a side the solve does not know: a pattern of its own, for these potentials
+            pat = self._build(lr, lc, lr.sort(old), cs, eps, rows.x is cols.x)
+            orient = "xy"
+        else:
+            pat = self.pattern
+            # the row potential in sorted order is needed for a rebuild and for the bound
+            if want_raw or pat is None or pat.eps != eps or self._stale:
+                rs = lr.sort(old)
+                lx, ly = (lr, lc) if orient == "xy" else (lc, lr)
+                f, g = (rs, cs) if orient == "xy" else (cs, rs)
+                pat = self._solve_pattern(lx, ly, f, g, eps)
+                if want_raw:
+                    u_now = pat.skipped_bound(lx, ly, f, g, eps)
+                    last = self._last if self._last is not None else pat
+                    u_last = u_now if last is pat else last.skipped_bound(lx, ly, f, g, eps)
+                    self._u_now = u_now
+                    self._pending = 2.0 * torch.maximum(u_now, u_last)
+            self._last = pat
+        lse, _ = self._lse(lr, lc, cs, eps, pat.csr[orient])
+        T = lr.unsort(-eps * lse)
+        out = beta * T if alpha == 0.0 else alpha * old + beta * T
+        return out, (T if want_raw else None)
+
+    def bound_error(self, err: torch.Tensor) -> torch.Tensor:
+        """The measured error of the visited plan plus the recorded bound of the skipped mass;
+        marks the pattern stale when that bound exceeds its budget (one synchronisation, at
+        a convergence test)."""
+        if self._pending is None:
+            return err
+        out = err + self._pending.to(err.dtype)
+        self._stale = bool((self._u_now > self.budget).any())
+        self._pending = None
+        return out
+
+    def _lse(self, lr: Layout, lc: Layout, cs, eps, csr, bary: bool = False, values=None):
+        """((B, N_r) log-sum-exp over the visited tiles (sorted rows), barycentres or value
+        sums (B, N_r, p) when asked, else None)."""
+        B = lr.B
+        hc = cs / eps + lc.logw  # (B, N_c), −inf on padding
+        rowptr, cols = csr
+        xr, xc = lr.x.reshape(-1, 3), lc.x.reshape(-1, 3)
+        if self.kernel and values is None:
+            from ..backends.triton.sparse import sparse_lse
+
+            lse, out = sparse_lse(xr, xc, hc.reshape(-1), rowptr, cols, eps, bary, TILE)
+        else:
+            vals = xc if bary else values
+            lse, out = sparse_torch.sparse_lse(xr, xc, hc.reshape(-1), rowptr, cols, eps, vals)
+        lse = lse.reshape(B, -1).to(cs.dtype)
+        return lse, (None if out is None else out.reshape(B, lr.N, -1))
+
+    def _plan(self, rows, cols, row_pot, col_pot, eps):
+        """Layouts, sorted potentials and a pattern of the plan (row_pot, col_pot)."""
+        lr, lc = self.layout(rows), self.layout(cols)
+        rs, cs = lr.sort(row_pot), lc.sort(col_pot)
+        pat = self._build(lr, lc, rs, cs, eps, rows.x is cols.x)
+        return lr, lc, rs, cs, pat
+
+    def transport_grad(self, rows, cols, row_pot, col_pot, eps, precision):
+        """(2 (diag(â) x − P y), â) on the plan restricted to a pattern built for these
+        potentials (its skipped mass is below the budget)."""
+        lr, lc, rs, cs, pat = self._plan(rows, cols, row_pot, col_pot, eps)
+        lse, bary = self._lse(lr, lc, cs, eps, pat.csr["xy"], bary=True)
+        marg = torch.exp(rs / eps + lr.logw + lse)  # â_i = a_i exp(f_i/eps + L_i)
+        marg = torch.nan_to_num(marg, nan=0.0)
+        d = rows.x.shape[-1]
+        x = lr.x[..., :d]
+        grad = 2.0 * marg[..., None] * (x - bary[..., :d].to(x.dtype))
+        return lr.unsort(grad).to(rows.sq.dtype), lr.unsort(marg)
+
+    def transport(self, rows, cols, row_pot, col_pot, eps, V, A, Bw, precision):
+        """(P ∘ A Bwᵀ) V and P 1 on the plan restricted to a pattern of these potentials
+        (torch operations)."""
+        lr, lc, rs, cs, pat = self._plan(rows, cols, row_pot, col_pot, eps)
+        dtype = rows.sq.dtype
+        vals = None
+        if V is not None:
+            vals = lc.sort(V.to(dtype))
+            if A is not None:
+                # Σ_j P_ij (A_i · Bw_j) V_j = Σ_r A_ir Σ_j P_ij Bw_jr V_j
+                bw = lc.sort(Bw.to(dtype))
+                vals = (bw[..., :, None] * vals[..., None, :]).reshape(lr.B, lc.N, -1)
+            vals = vals.reshape(-1, vals.shape[-1])
+        hc = cs / eps + lc.logw
+        rowptr, cidx = pat.csr["xy"]
+        xr, xc = lr.x.reshape(-1, 3), lc.x.reshape(-1, 3)
+        lse, out = sparse_torch.sparse_lse(xr, xc, hc.reshape(-1), rowptr, cidx, eps, vals)
+        lse = lse.reshape(lr.B, -1)
+        marg = torch.nan_to_num(torch.exp(rs / eps + lr.logw + lse), nan=0.0)
+        res = None
+        if out is not None:
+            out = out.reshape(lr.B, lr.N, -1) * marg[..., None]
+            if A is not None:
+                r = A.shape[-1]
+                out = (lr.sort(A.to(dtype))[..., :, None] * out.reshape(lr.B, lr.N, r, -1)).sum(2)
+            res = lr.unsort(out)
+        return res, lr.unsort(marg)
