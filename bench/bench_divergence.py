@@ -76,7 +76,11 @@ if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
 from ttt.judge import marginal_error64  # noqa: E402
-from ttt.providers.geomloss_peer import GEOMLOSS_LADDER, ladder_iters  # noqa: E402
+from ttt.providers.geomloss_peer import (  # noqa: E402
+    GEOMLOSS_LADDER,
+    ladder_iters,
+    potentials_loss,
+)
 from ttt.timing import device_name, slug, sync, time_calls  # noqa: E402
 
 EPS = 0.1
@@ -123,6 +127,21 @@ def inputs(s: dict, device):
     x = torch.rand(*lead, s["n"], s["d"], generator=g)
     y = torch.rand(*lead, s["n"], s["d"], generator=g)
     return x.to(device), y.to(device)
+
+
+def skip_dense(s: dict, row: dict, what: str, emit) -> bool:
+    """Emits ``row`` as skipped when ``what``'s dense n × m matrices would not fit in memory;
+    returns whether it did."""
+    if entries(s) <= DENSE_MAX_ENTRIES:
+        return False
+    emit(
+        {
+            **row,
+            "skipped": f"{what}: {entries(s):.3g} entries per n×m matrix > "
+            f"{DENSE_MAX_ENTRIES:.3g} (memory)",
+        }
+    )
+    return True
 
 
 def missing_modules(provider: str) -> list[str]:
@@ -258,23 +277,13 @@ def geomloss_calibrate(x, y, blur: float):
     """The smallest scaling of the ladder whose cross-term plan reaches ``TOL`` (float64 error
     of its potentials, TF32 off): (scaling or None, what was tried, last error)."""
     import torch
-    from geomloss import SamplesLoss
 
     a = torch.full(x.shape[:-1], 1.0 / x.shape[-2], device=x.device)
     b = torch.full(y.shape[:-1], 1.0 / y.shape[-2], device=y.device)
     tried, e = [], None
     with tf32(False):
         for s in GEOMLOSS_LADDER:
-            loss = SamplesLoss(
-                "sinkhorn",
-                p=2,
-                blur=blur,
-                scaling=s,
-                debias=False,
-                potentials=True,
-                backend="tensorized",
-            )
-            F, G = loss(x, y)
+            F, G = potentials_loss(blur, s)(x, y)
             e = float(
                 marginal_error64(
                     x, y, a, b, 2 * F.reshape(a.shape), 2 * G.reshape(b.shape), EPS
@@ -288,14 +297,7 @@ def geomloss_calibrate(x, y, blur: float):
 
 def geomloss(s, device, mode, emit):
     row = {"method": METHOD["geomloss"]}
-    if entries(s) > DENSE_MAX_ENTRIES:
-        emit(
-            {
-                **row,
-                "skipped": f"tensorized: {entries(s):.3g} entries per n×m matrix > "
-                f"{DENSE_MAX_ENTRIES:.3g} (memory)",
-            }
-        )
+    if skip_dense(s, row, "tensorized", emit):
         return
     from geomloss import SamplesLoss
 
@@ -332,14 +334,7 @@ def geomloss(s, device, mode, emit):
 
 def ott(s, device, mode, emit):
     row = {"method": METHOD["ott"]}
-    if entries(s) > DENSE_MAX_ENTRIES:
-        emit(
-            {
-                **row,
-                "skipped": f"dense PointCloud: {entries(s):.3g} entries per n×m matrix > "
-                f"{DENSE_MAX_ENTRIES:.3g} (memory)",
-            }
-        )
+    if skip_dense(s, row, "dense PointCloud", emit):
         return
     import jax
     import jax.numpy as jnp

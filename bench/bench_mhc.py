@@ -25,11 +25,9 @@ Output: ``mhc_<gpu>[_quick].json`` in ``--out`` (default bench/results).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import re
 import time
 
+import mhc_results
 import torch
 
 from flashsinkhorn.mhc import HyperConnection, HyperConnectionReference, sinkhorn_knopp
@@ -419,12 +417,7 @@ def main():
     if args.only != "projection":
         dts = [torch.float32, torch.bfloat16]
         bench_layer(tokens, C, device, timer, backend, dts, device == "cuda")
-    if device == "cuda":
-        name = torch.cuda.get_device_name()
-        m = re.search(r"(H100|H200|A100|L40S|B200|GH200)", name)
-        gpu = m.group(1).lower() if m else re.sub(r"\W+", "_", name).lower()
-    else:
-        name, gpu = "cpu", "cpu"
+    name, gpu = mhc_results.device_name(device)
     import triton
 
     res = {
@@ -434,13 +427,8 @@ def main():
         "compile_backend": backend,
         "rows": ROWS,
     }
-    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-    os.makedirs(out, exist_ok=True)
     suffix = ("_quick" if args.quick else "") + (f"_{args.only}" if args.only else "")
-    path = os.path.join(out, f"mhc_{gpu}{suffix}.json")
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1)
-    print("wrote", path)
+    mhc_results.write(res, args.out, f"mhc_{gpu}{suffix}")
 
 
 if __name__ == "__main__":

@@ -20,11 +20,9 @@ Output: ``mhc_train_<gpu>[_quick].json`` in ``--out`` (default bench/results).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import re
 import time
 
+import mhc_results
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -217,12 +215,7 @@ def main():
                 f"{mode}: ours {b['ms_per_step'] / a['ms_per_step']:.2f}x as fast as the "
                 f"reference, peak {a['peak_gib']} vs {b['peak_gib']} GiB"
             )
-    if device == "cuda":
-        name = torch.cuda.get_device_name()
-        m = re.search(r"(H100|H200|A100|L40S|B200|GH200)", name)
-        gpu = m.group(1).lower() if m else re.sub(r"\W+", "_", name).lower()
-    else:
-        name, gpu = "cpu", "cpu"
+    name, gpu = mhc_results.device_name(device)
     res = {
         "device": name,
         "torch": torch.__version__,
@@ -231,12 +224,7 @@ def main():
         "compile_backend": backend,
         "rows": rows,
     }
-    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-    os.makedirs(out, exist_ok=True)
-    path = os.path.join(out, f"mhc_train_{gpu}{'_quick' if q else ''}.json")
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1)
-    print("wrote", path)
+    mhc_results.write(res, args.out, f"mhc_train_{gpu}{'_quick' if q else ''}")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from flashsinkhorn import distributed as fsd
+
 TIMEOUT_S = 60
 JOB_TIMEOUT_S = 600
 
@@ -45,19 +47,35 @@ def expect_error(fn) -> str:
     return "no error"
 
 
-def _worker(rank, world, port, out, checks_fn, env, backend):
+def _torchrun_env(rank: int, world: int, per_node: int, port: int) -> dict:
+    """torchrun's variables for ``rank`` of ``world`` ranks in nodes of ``per_node``."""
+    node, local = divmod(rank, per_node)
+    return dict(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local),
+        LOCAL_WORLD_SIZE=str(per_node), GROUP_RANK=str(node), MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )  # fmt: skip
+
+
+def _worker(rank, world, port, out, checks_fn, env, backend, per_node):
     os.environ.update(env)
     torch.set_num_threads(1)
     results = {}
     try:
-        kw = {}
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-            kw["device_id"] = torch.device("cuda", rank)
-        dist.init_process_group(
-            backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-            timeout=timedelta(seconds=TIMEOUT_S), **kw,
-        )  # fmt: skip
+        timeout = timedelta(seconds=TIMEOUT_S)
+        if per_node is not None:
+            # as a torchrun launch would start it: the group comes from the variables alone
+            os.environ.update(_torchrun_env(rank, world, per_node, port))
+            fsd.init_process_group(backend, timeout=timeout)
+        else:
+            kw = {}
+            if backend == "nccl":
+                torch.cuda.set_device(rank)
+                kw["device_id"] = torch.device("cuda", rank)
+            dist.init_process_group(
+                backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                timeout=timeout, **kw,
+            )  # fmt: skip
         for name, spec in checks_fn(world).items():
             spec = dict(spec)
             fn = spec.pop("fn")
@@ -72,15 +90,24 @@ def _worker(rank, world, port, out, checks_fn, env, backend):
     out.put((rank, results))
 
 
-def run_job(world: int, checks_fn, env: dict | None = None, backend: str = "gloo") -> list[dict]:
+def run_job(
+    world: int,
+    checks_fn,
+    env: dict | None = None,
+    backend: str = "gloo",
+    per_node: int | None = None,
+) -> list[dict]:
     """Runs ``checks_fn(world)`` (name -> dict(fn=callable(rank, world, **kw), **kw)) on
     ``world`` spawned ranks (gloo on the CPU, or NCCL with GPU r for rank r); returns each
-    rank's results."""
+    rank's results. With ``per_node``, the ranks are numbered node by node in nodes of that
+    many, get torchrun's variables and start with ``fsd.init_process_group``."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_worker, args=(r, world, port, out, checks_fn, env or {}, backend))
+        ctx.Process(
+            target=_worker, args=(r, world, port, out, checks_fn, env or {}, backend, per_node)
+        )
         for r in range(world)
     ]
     for p in procs:

@@ -10,26 +10,19 @@ to 1e-9: only the order of a few floating-point sums differs.
 from __future__ import annotations
 
 import os
-import socket
-import traceback
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import flashsinkhorn as fs
 from flashsinkhorn import distributed as fsd
 
+from .dist_harness import entries, expect_error, run_job, shard
+
 TOL = 1e-9
 SIZES = {2: ([1, 22], [15, 10]), 3: ([9, 1, 13], [8, 12, 6])}
 D = 3
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _data(seed: int, n: int, m: int, weighted: bool = True):
@@ -41,13 +34,6 @@ def _data(seed: int, n: int, m: int, weighted: bool = True):
     a = torch.rand(n, generator=gen, dtype=torch.float64) + 0.2
     b = torch.rand(m, generator=gen, dtype=torch.float64) + 0.2
     return x, y, a / a.sum(), b / b.sum()
-
-
-def _shard(t, sizes, rank):
-    if t is None:
-        return None
-    start = sum(sizes[:rank])
-    return t[start : start + sizes[rank]]
 
 
 def _max_err(u: torch.Tensor, v: torch.Tensor) -> float:
@@ -67,11 +53,11 @@ def _solve_check(rank, world, *, seed, weighted=True, unbalanced_scale=1.0, **kw
     # A sharded solve cannot use Anderson mixing; the reference runs what it runs.
     kw.setdefault("acceleration", "overrelax")
     ref = fs.sinkhorn(x, y, a, b, backend="torch", **kw)
-    xl, yl = _shard(x, sx, rank), _shard(y, sy, rank)
-    res = fsd.sinkhorn(xl, yl, _shard(a, sx, rank), _shard(b, sy, rank), mode=mode, **kw)
+    xl, yl = shard(x, sx, rank), shard(y, sy, rank)
+    res = fsd.sinkhorn(xl, yl, shard(a, sx, rank), shard(b, sy, rank), mode=mode, **kw)
     out = {
-        "f": _max_err(res.f, _shard(ref.f, sx, rank)),
-        "g": _max_err(res.g, _shard(ref.g, sy, rank)),
+        "f": _max_err(res.f, shard(ref.f, sx, rank)),
+        "g": _max_err(res.g, shard(ref.g, sy, rank)),
         "value": abs(float(res.value) - float(ref.value)),
         "marginal_error": abs(float(res.marginal_error) - float(ref.marginal_error)),
         "n_iters": res.n_iters - ref.n_iters,
@@ -97,7 +83,7 @@ def _grad_check(rank, world, *, seed, loss="ot_cost", unbalanced=False, **kw):
         kw.update(rho_x=1.0, rho_y=2.0 if loss == "ot_cost" else 1.0)
     leaves = [t.clone().requires_grad_(True) for t in (x, y, a, b)]
     local = [
-        _shard(t, s, rank).clone().requires_grad_(True)
+        shard(t, s, rank).clone().requires_grad_(True)
         for t, s in zip((x, y, a, b), (sx, sy, sx, sy), strict=True)
     ]
     mode = kw.pop("mode")
@@ -108,44 +94,36 @@ def _grad_check(rank, world, *, seed, loss="ot_cost", unbalanced=False, **kw):
     val.backward()
     out = {"value": abs(float(val.detach()) - float(ref.detach()))}
     for name, lt, gt, s in zip("xyab", local, leaves, (sx, sy, sx, sy), strict=True):
-        out["grad_" + name] = _max_err(lt.grad, _shard(gt.grad, s, rank))
+        out["grad_" + name] = _max_err(lt.grad, shard(gt.grad, s, rank))
     return out
-
-
-def _expect_error(fn) -> str:
-    try:
-        fn()
-    except (ValueError, TypeError, RuntimeError) as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return "no error"
 
 
 def _bad_inputs(rank, world):
     sx, sy = SIZES[world]
     x, y, a, b = _data(5, sum(sx), sum(sy))
     xl, yl, al, bl = (
-        _shard(x, sx, rank),
-        _shard(y, sy, rank),
-        _shard(a, sx, rank),
-        _shard(b, sy, rank),
+        shard(x, sx, rank),
+        shard(y, sy, rank),
+        shard(a, sx, rank),
+        shard(b, sy, rank),
     )
     out = {}
     xd = torch.cat([xl, xl[:, :1]], 1) if rank == 1 else xl
     yd = torch.cat([yl, yl[:, :1]], 1) if rank == 1 else yl
-    out["mismatched_d"] = _expect_error(lambda: fsd.sinkhorn(xd, yd, al, bl, eps=0.5))
-    out["mismatched_eps"] = _expect_error(lambda: fsd.sinkhorn(xl, yl, al, bl, eps=0.5 + rank))
+    out["mismatched_d"] = expect_error(lambda: fsd.sinkhorn(xd, yd, al, bl, eps=0.5))
+    out["mismatched_eps"] = expect_error(lambda: fsd.sinkhorn(xl, yl, al, bl, eps=0.5 + rank))
     xe = xl[:0] if rank == 0 else xl
-    out["empty_shard"] = _expect_error(lambda: fsd.sinkhorn(xe, yl, None, None, eps=0.5))
-    out["bad_mode"] = _expect_error(lambda: fsd.sinkhorn(xl, yl, al, bl, eps=0.5, mode="tree"))
+    out["empty_shard"] = expect_error(lambda: fsd.sinkhorn(xe, yl, None, None, eps=0.5))
+    out["bad_mode"] = expect_error(lambda: fsd.sinkhorn(xl, yl, al, bl, eps=0.5, mode="tree"))
     a1 = al if rank == 0 else None
-    out["a_on_one_rank"] = _expect_error(lambda: fsd.sinkhorn(xl, yl, a1, bl, eps=0.5))
-    out["mass_gap"] = _expect_error(lambda: fsd.sinkhorn(xl, yl, al, 2 * bl, eps=0.5))
-    out["negative_weight"] = _expect_error(
+    out["a_on_one_rank"] = expect_error(lambda: fsd.sinkhorn(xl, yl, a1, bl, eps=0.5))
+    out["mass_gap"] = expect_error(lambda: fsd.sinkhorn(xl, yl, al, 2 * bl, eps=0.5))
+    out["negative_weight"] = expect_error(
         lambda: fsd.sinkhorn(xl, yl, -al if rank == world - 1 else al, bl, eps=0.5)
     )
-    out["batched"] = _expect_error(lambda: fsd.sinkhorn(xl[None], yl[None], eps=0.5))
-    out["float_eps_type"] = _expect_error(lambda: fsd.sinkhorn(xl, yl, eps="big"))
-    out["semi_unbalanced_divergence"] = _expect_error(
+    out["batched"] = expect_error(lambda: fsd.sinkhorn(xl[None], yl[None], eps=0.5))
+    out["float_eps_type"] = expect_error(lambda: fsd.sinkhorn(xl, yl, eps="big"))
+    out["semi_unbalanced_divergence"] = expect_error(
         lambda: fsd.sinkhorn_divergence(xl, yl, al, bl, eps=0.5, rho_x=1.0)
     )
     # The group is still in step after all those errors: a plain solve works.
@@ -199,59 +177,10 @@ def _checks(world):
     return checks
 
 
-def _worker(rank: int, world: int, port: int, queue) -> None:
-    torch.set_num_threads(1)
-    results = {}
-    try:
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-        )
-        for name, spec in _checks(world).items():
-            spec = dict(spec)
-            fn = spec.pop("fn")
-            try:
-                results[name] = fn(rank, world, **spec)
-            except Exception:  # reported to the test, which fails with the traceback
-                results[name] = {"exception": traceback.format_exc()}
-        dist.barrier()
-        dist.destroy_process_group()
-    except Exception:
-        results["__setup__"] = {"exception": traceback.format_exc()}
-    queue.put((rank, results))
-
-
-def _run_job(world: int) -> list[dict]:
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    out = {}
-    for _ in range(world):
-        rank, res = queue.get()
-        out[rank] = res
-    for p in procs:
-        p.join(timeout=60)
-    return [out[r] for r in range(world)]
-
-
 @pytest.fixture(scope="module", params=[2, 3], ids=["world2", "world3"])
 def job(request):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    return request.param, _run_job(request.param)
-
-
-def _entries(job, name):
-    world, per_rank = job
-    rows = []
-    for rank, res in enumerate(per_rank):
-        assert "__setup__" not in res, res["__setup__"]
-        assert name in res, f"check {name} missing on rank {rank}"
-        r = res[name]
-        assert "exception" not in r, f"rank {rank}:\n{r['exception']}"
-        rows.append(r)
-    return rows
+    return request.param, run_job(request.param, _checks)
 
 
 SOLVES = [
@@ -269,7 +198,7 @@ SOLVES = [
 
 @pytest.mark.parametrize("name", SOLVES)
 def test_solve_matches_single_process(job, name):
-    for r in _entries(job, name):
+    for r in entries(job, name):
         assert r["f"] < TOL and r["g"] < TOL, r
         assert r["value"] < TOL and r["marginal_error"] < TOL, r
         assert r["n_iters"] == 0 and r["converged"] == 0 and r["n_errors"] == 0, r
@@ -291,14 +220,14 @@ GRADS = [
 
 @pytest.mark.parametrize("name", GRADS)
 def test_gradients_match_single_process(job, name):
-    for r in _entries(job, name):
+    for r in entries(job, name):
         assert r["value"] < TOL, r
         for k in ("grad_x", "grad_y", "grad_a", "grad_b"):
             assert r[k] < TOL, (k, r)
 
 
 def test_bad_inputs_raise_on_every_rank(job):
-    rows = _entries(job, "bad_inputs")
+    rows = entries(job, "bad_inputs")
     for r in rows:
         assert r["mismatched_d"].startswith("ValueError"), r
         assert "same feature dimension d on every rank" in r["mismatched_d"], r

@@ -10,18 +10,15 @@ single-process solve (float64, 1e-9), whatever the ranks' global numbering.
 from __future__ import annotations
 
 import os
-import queue as queue_mod
-import traceback
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import flashsinkhorn as fs
 from flashsinkhorn import distributed as fsd
 
-from .dist_harness import JOB_TIMEOUT_S, free_port, shard
+from .dist_harness import entries, run_job, shard
 
 NODES, PER_NODE = 2, 2
 TOL = 1e-9
@@ -49,86 +46,70 @@ def _compare(group, group_rank, seed, sizes_x, sizes_y, mode):
     )
 
 
-def _worker(rank, port, out):
-    node, local = divmod(rank, PER_NODE)
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(NODES * PER_NODE), LOCAL_RANK=str(local),
-        LOCAL_WORLD_SIZE=str(PER_NODE), GROUP_RANK=str(node), MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
+def _placement(rank, world):
+    # The harness started the group the same way; called again, it returns the placement.
+    place = fsd.init_process_group("gloo")
+    row = (
+        place.rank, place.world_size, place.local_rank, place.local_world_size, place.node,
+        place.n_nodes, str(place.device), dist.get_backend(),
     )  # fmt: skip
-    torch.set_num_threads(1)
-    res = {}
-    try:
-        from datetime import timedelta
+    return {"placement": row}
 
-        place = fsd.init_process_group(timeout=timedelta(seconds=60))
-        res["placement"] = (
-            place.rank, place.world_size, place.local_rank, place.local_world_size, place.node,
-            place.n_nodes, str(place.device), dist.get_backend(),
+
+def _groups(rank, world):
+    place = fsd.placement_from_env(device="cpu")
+    res = {}
+    mine = fsd.node_group(place)
+    # cross-node groups: the ranks with the same local rank, one per node
+    cross = None
+    for k in range(PER_NODE):
+        g = dist.new_group([k + PER_NODE * j for j in range(NODES)])
+        if k == place.local_rank:
+            cross = g
+    for mode in ("gather", "ring"):
+        res[f"world_{mode}"] = _compare(None, rank, 1, [4, 1, 6, 3], [2, 5, 3, 4], mode)
+        # each node solves its own problem at the same time
+        res[f"node_{mode}"] = _compare(mine, place.local_rank, 10 + place.node, [3, 6],
+                                       [5, 2], mode)  # fmt: skip
+        res[f"cross_{mode}"] = _compare(cross, place.node, 20 + place.local_rank, [7, 2],
+                                        [3, 4], mode)  # fmt: skip
+    return res
+
+
+def _divergence(rank, world):
+    res = {}
+    res["divergence_ring"] = float(
+        fsd.sinkhorn_divergence(
+            *_problem(2, 8, 8)[0].split(2)[rank : rank + 1],
+            *_problem(2, 8, 8)[1].split(2)[rank : rank + 1],
+            eps=0.5,
+            mode="ring",
+            tol=None,
+            n_iters=5,
         )  # fmt: skip
-        mine = fsd.node_group(place)
-        # cross-node groups: the ranks with the same local rank, one per node
-        cross = None
-        for k in range(PER_NODE):
-            g = dist.new_group([k + PER_NODE * j for j in range(NODES)])
-            if k == place.local_rank:
-                cross = g
-        for mode in ("gather", "ring"):
-            res[f"world_{mode}"] = _compare(None, rank, 1, [4, 1, 6, 3], [2, 5, 3, 4], mode)
-            # each node solves its own problem at the same time
-            res[f"node_{mode}"] = _compare(mine, place.local_rank, 10 + place.node, [3, 6],
-                                           [5, 2], mode)  # fmt: skip
-            res[f"cross_{mode}"] = _compare(cross, place.node, 20 + place.local_rank, [7, 2],
-                                            [3, 4], mode)  # fmt: skip
-        res["divergence_ring"] = float(
-            fsd.sinkhorn_divergence(
-                *_problem(2, 8, 8)[0].split(2)[rank : rank + 1],
-                *_problem(2, 8, 8)[1].split(2)[rank : rank + 1],
-                eps=0.5,
-                mode="ring",
-                tol=None,
-                n_iters=5,
-            )  # fmt: skip
-        )
-        x, y = _problem(2, 8, 8)
-        res["divergence_ref"] = float(fs.sinkhorn_divergence(x, y, eps=0.5, tol=None, n_iters=5))
-        dist.barrier()
-        dist.destroy_process_group()
-    except Exception:
-        res["exception"] = traceback.format_exc()
-    out.put((rank, res))
+    )
+    x, y = _problem(2, 8, 8)
+    res["divergence_ref"] = float(fs.sinkhorn_divergence(x, y, eps=0.5, tol=None, n_iters=5))
+    return res
+
+
+def _checks(world):
+    return {
+        "placement": dict(fn=_placement),
+        "groups": dict(fn=_groups),
+        "divergence": dict(fn=_divergence),
+    }
 
 
 @pytest.fixture(scope="module")
 def job():
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
     world = NODES * PER_NODE
-    procs = [ctx.Process(target=_worker, args=(r, port, out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    got = {}
-    try:
-        for _ in range(world):
-            rank, res = out.get(timeout=JOB_TIMEOUT_S)
-            got[rank] = res
-    except queue_mod.Empty:
-        pass
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.terminate()
-    assert len(got) == world, f"ranks {sorted(set(range(world)) - set(got))} did not finish"
-    for r in range(world):
-        assert "exception" not in got[r], f"rank {r}:\n{got[r]['exception']}"
-    return [got[r] for r in range(world)]
+    return world, run_job(world, _checks, per_node=PER_NODE)
 
 
 def test_placement_follows_torchrun_variables(job):
-    for rank, res in enumerate(job):
+    for rank, res in enumerate(entries(job, "placement")):
         node, local = divmod(rank, PER_NODE)
         assert res["placement"] == (rank, 4, local, PER_NODE, node, NODES, "cpu", "gloo")
 
@@ -136,12 +117,12 @@ def test_placement_follows_torchrun_variables(job):
 @pytest.mark.parametrize("group", ["world", "node", "cross"])
 @pytest.mark.parametrize("mode", ["gather", "ring"])
 def test_groups_of_nodes_match_single_process(job, group, mode):
-    for res in job:
+    for res in entries(job, "groups"):
         assert res[f"{group}_{mode}"] < TOL, res
 
 
 def test_divergence_over_nodes(job):
-    for res in job:
+    for res in entries(job, "divergence"):
         assert abs(res["divergence_ring"] - res["divergence_ref"]) < TOL, res
 
 

@@ -35,6 +35,13 @@ def _tensor(name: str, v: object, dims: str) -> torch.Tensor:
     return v
 
 
+def _streams(name: str, v: object) -> torch.Tensor:
+    v = _tensor(name, v, "(..., n, C)")
+    if v.dim() < 2:
+        raise ValueError(f"{name} must have shape (..., n, C), got {tuple(v.shape)}")
+    return v
+
+
 def _shape(name: str, v: torch.Tensor, want: tuple, dims: str) -> None:
     if tuple(v.shape) != tuple(want):
         raise ValueError(f"{name} must have shape {dims} = {tuple(want)}, got {tuple(v.shape)}")
@@ -91,9 +98,7 @@ def fused_stream_mix(
         ValueError: mismatched shapes or devices; unknown backend; with ``backend="triton"``,
             more than 8 streams, or CPU tensors without the interpreter.
     """
-    H = _tensor("H", H, "(..., n, C)")
-    if H.dim() < 2:
-        raise ValueError(f"H must have shape (..., n, C), got {tuple(H.shape)}")
+    H = _streams("H", H)
     lead, (n, C) = H.shape[:-2], H.shape[-2:]
     H_pre = _tensor("H_pre", H_pre, "(..., n)")
     H_res = _tensor("H_res", H_res, "(..., n, n)")
@@ -129,9 +134,7 @@ def fused_add_residual(
     Raises:
         TypeError / ValueError: as :func:`fused_stream_mix`.
     """
-    R = _tensor("H_residual", H_residual, "(..., n, C)")
-    if R.dim() < 2:
-        raise ValueError(f"H_residual must have shape (..., n, C), got {tuple(R.shape)}")
+    R = _streams("H_residual", H_residual)
     lead, (n, C) = R.shape[:-2], R.shape[-2:]
     F = _tensor("branch_output", branch_output, "(..., C)")
     H_post = _tensor("H_post", H_post, "(..., n)")

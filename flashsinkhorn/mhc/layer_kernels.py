@@ -125,6 +125,26 @@ def _hc_finalize_kernel(
 
 
 @triton.jit
+def _hres_tile(p, i_t, n, NS: tl.constexpr):
+    # pointers and mask of token i_t's n×n H_res (or dH_res), padded to NS×NS
+    o_i = tl.arange(0, NS)
+    m_i = o_i < n
+    return p + i_t * n * n + o_i[:, None] * n + o_i[None, :], m_i[:, None] & m_i[None, :]
+
+
+@triton.jit
+def _load_hres(p_hres, i_t, n, NS: tl.constexpr):
+    p_h, m_ii = _hres_tile(p_hres, i_t, n, NS)
+    return tl.load(p_h, mask=m_ii, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _store_dhres(p_dhres, i_t, n, b_dh, NS: tl.constexpr):
+    p_dh, m_ii = _hres_tile(p_dhres, i_t, n, NS)
+    tl.store(p_dh, b_dh, mask=m_ii)
+
+
+@triton.jit
 def _hc_premix_kernel(p_x, p_coef, p_u, n, C, NS: tl.constexpr, BC: tl.constexpr):
     i_t = tl.program_id(0).to(tl.int64)
     i_c = tl.program_id(1)
@@ -169,11 +189,7 @@ def _hc_residual_kernel(
     b_f = tl.load(p_f + i_t * C + o_c, mask=m_c, other=0.0).to(tl.float32)
     b_post = tl.load(p_coef + i_t * 2 * n + n + o_i, mask=m_i, other=0.0)
     if MIX:
-        b_h = tl.load(
-            p_hres + i_t * n * n + o_i[:, None] * n + o_i[None, :],
-            mask=m_i[:, None] & m_i[None, :],
-            other=0.0,
-        ).to(tl.float32)
+        b_h = _load_hres(p_hres, i_t, n, NS)
         b_o = tl.sum(b_h[:, :, None] * b_x[None, :, :], 1) + b_post[:, None] * b_f[None, :]
     else:
         b_o = b_x + b_post[:, None] * b_f[None, :]
@@ -205,11 +221,8 @@ def _hc_residual_bwd_kernel(
     i_t = tl.program_id(0).to(tl.int64)
     o_i = tl.arange(0, NS)
     m_i = o_i < n
-    m_ii = m_i[:, None] & m_i[None, :]
     if MIX:
-        b_h = tl.load(
-            p_hres + i_t * n * n + o_i[:, None] * n + o_i[None, :], mask=m_ii, other=0.0
-        ).to(tl.float32)
+        b_h = _load_hres(p_hres, i_t, n, NS)
     b_post = tl.load(p_coef + i_t * 2 * n + n + o_i, mask=m_i, other=0.0)
     b_dpost = tl.zeros((NS,), tl.float32)
     b_dh = tl.zeros((NS, NS), tl.float32)
@@ -232,7 +245,7 @@ def _hc_residual_bwd_kernel(
             b_dh += tl.sum(b_do[:, None, :] * b_x[None, :, :], 2)
     tl.store(p_dpost + i_t * n + o_i, b_dpost, mask=m_i)
     if MIX:
-        tl.store(p_dhres + i_t * n * n + o_i[:, None] * n + o_i[None, :], b_dh, mask=m_ii)
+        _store_dhres(p_dhres, i_t, n, b_dh, NS)
 
 
 @triton.jit
@@ -468,11 +481,7 @@ def _hc_stream_mix_kernel(
     b_u = tl.sum(b_hp[:, None] * b_x, 0)
     tl.store(p_u + i_t * C + o_c, b_u.to(p_u.dtype.element_ty), mask=m_c)
     if WRITE_R:
-        b_h = tl.load(
-            p_hres + i_t * n * n + o_i[:, None] * n + o_i[None, :],
-            mask=m_i[:, None] & m_i[None, :],
-            other=0.0,
-        ).to(tl.float32)
+        b_h = _load_hres(p_hres, i_t, n, NS)
         b_r = tl.sum(b_h[:, :, None] * b_x[None, :, :], 1)
         tl.store(p_r + o_ic, b_r.to(p_r.dtype.element_ty), mask=m_ic)
 
@@ -502,12 +511,9 @@ def _hc_stream_mix_bwd_kernel(
     i_t = tl.program_id(0).to(tl.int64)
     o_i = tl.arange(0, NS)
     m_i = o_i < n
-    m_ii = m_i[:, None] & m_i[None, :]
     b_hp = tl.load(p_hpre + i_t * s_hp + o_i, mask=m_i, other=0.0).to(tl.float32)
     if HAS_DR:
-        b_h = tl.load(
-            p_hres + i_t * n * n + o_i[:, None] * n + o_i[None, :], mask=m_ii, other=0.0
-        ).to(tl.float32)
+        b_h = _load_hres(p_hres, i_t, n, NS)
     b_dpre = tl.zeros((NS,), tl.float32)
     b_dh = tl.zeros((NS, NS), tl.float32)
     for c0 in range(0, C, BC):
@@ -529,4 +535,4 @@ def _hc_stream_mix_bwd_kernel(
         tl.store(p_dx + o_ic, b_dx.to(p_dx.dtype.element_ty), mask=m_ic)
     tl.store(p_dpre + i_t * n + o_i, b_dpre, mask=m_i)
     if DHRES:
-        tl.store(p_dhres + i_t * n * n + o_i[:, None] * n + o_i[None, :], b_dh, mask=m_ii)
+        _store_dhres(p_dhres, i_t, n, b_dh, NS)

@@ -104,6 +104,19 @@ def _dual(name: str, impl, fake, setup_context, backward, non_differentiable=())
     return op, call
 
 
+def _backward_op(name: str, impl, fake):
+    """Registers a backward implementation as the custom op ``flashsinkhorn::name`` and
+    returns ``(op, call)``: ``call(ctx, *args)`` runs ``impl`` directly under the eager
+    Function of :func:`_dual` (no custom-op dispatch), and the op where AOTAutograd traces."""
+    op = torch.library.custom_op(f"flashsinkhorn::{name}", mutates_args=())(impl)
+    op.register_fake(fake)
+
+    def call(ctx, *args):
+        return impl(*args) if getattr(ctx, "eager", False) else op(*args)
+
+    return op, call
+
+
 # ---------------------------------------------------------------------------------------------
 # mhc_pre: dynamic coefficients (+ pre-mix)
 # ---------------------------------------------------------------------------------------------
@@ -306,14 +319,7 @@ def _pre_bwd_fake(du, dh_pre, dh_post, dh_res, dsink, x, phi, a_pre, a_post, a_r
     )  # fmt: skip
 
 
-_pre_bwd_op = torch.library.custom_op("flashsinkhorn::mhc_pre_backward", mutates_args=())(
-    _pre_bwd_impl
-)
-_pre_bwd_op.register_fake(_pre_bwd_fake)
-
-
-def _pre_bwd(ctx, *args):
-    return _pre_bwd_impl(*args) if getattr(ctx, "eager", False) else _pre_bwd_op(*args)
+_pre_bwd_op, _pre_bwd = _backward_op("mhc_pre_backward", _pre_bwd_impl, _pre_bwd_fake)
 
 
 pre_op, pre = _dual("mhc_pre", _pre_impl, _pre_fake, _pre_setup, _pre_backward, (5, 6, 7))
@@ -389,14 +395,7 @@ def _post_bwd_fake(dout, x, f, h_post, h_res, fused, mix):
     return dx, torch.empty_like(f), _f32(dout, (T, n)), _f32(dout, (T, n, n) if mix else (0, n, n))
 
 
-_post_bwd_op = torch.library.custom_op("flashsinkhorn::mhc_post_backward", mutates_args=())(
-    _post_bwd_impl
-)
-_post_bwd_op.register_fake(_post_bwd_fake)
-
-
-def _post_bwd(ctx, *args):
-    return _post_bwd_impl(*args) if getattr(ctx, "eager", False) else _post_bwd_op(*args)
+_post_bwd_op, _post_bwd = _backward_op("mhc_post_backward", _post_bwd_impl, _post_bwd_fake)
 
 
 post_op, post = _dual("mhc_post", _post_impl, _post_fake, _post_setup, _post_backward)
@@ -499,14 +498,7 @@ def _mix_bwd_fake(du, dr, x, h_pre, h_res, write_r):
     )
 
 
-_mix_bwd_op = torch.library.custom_op("flashsinkhorn::mhc_mix_backward", mutates_args=())(
-    _mix_bwd_impl
-)
-_mix_bwd_op.register_fake(_mix_bwd_fake)
-
-
-def _mix_bwd(ctx, *args):
-    return _mix_bwd_impl(*args) if getattr(ctx, "eager", False) else _mix_bwd_op(*args)
+_mix_bwd_op, _mix_bwd = _backward_op("mhc_mix_backward", _mix_bwd_impl, _mix_bwd_fake)
 
 
 mix_op, mix = _dual("mhc_mix", _mix_impl, _mix_fake, _mix_setup, _mix_backward)

@@ -25,9 +25,25 @@ def ladder_iters(x, y, blur, s) -> int | None:
         return None
 
 
-def worker(p: Problem, device, budget: Budget, emit, refs) -> None:
-    import torch
+def potentials_loss(blur: float, scaling: float):
+    """GeomLoss's tensorized solver at one scaling of its eps ladder, returning the potentials
+    of the problem at eps = blur² with the ½‖x − y‖² cost (no debiasing)."""
     from geomloss import SamplesLoss
+
+    return SamplesLoss(
+        "sinkhorn",
+        p=2,
+        blur=blur,
+        scaling=scaling,
+        debias=False,
+        potentials=True,
+        backend="tensorized",
+    )
+
+
+def worker(p: Problem, device, budget: Budget, emit, refs) -> None:
+    import geomloss  # noqa: F401  (not installed: the worker fails before its first row)
+    import torch
 
     row = {"method": "geomloss-tensorized"}
     sh = p.shape()
@@ -42,15 +58,7 @@ def worker(p: Problem, device, budget: Budget, emit, refs) -> None:
     blur = math.sqrt(p.eps / 2)
 
     def make(s):
-        loss = SamplesLoss(
-            "sinkhorn",
-            p=2,
-            blur=blur,
-            scaling=s,
-            debias=False,
-            potentials=True,
-            backend="tensorized",
-        )
+        loss = potentials_loss(blur, s)
 
         def call():
             F, G = loss(a, x, b, y)

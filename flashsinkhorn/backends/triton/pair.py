@@ -24,7 +24,7 @@ from .softmin import (
     expansion_args,
     partials,
 )
-from .split import chunk, split_count
+from .split import pair_split
 
 PAIR_DYNAMIC = SOFTMIN_DYNAMIC + [
     "n_r1", "n_c1", "n_r2", "n_c2", "n_blocks_1", "cps_1", "cps_2", "s_r1b", "s_r1n",
@@ -122,9 +122,7 @@ def pair_step(first: tuple, second: tuple, eps: float, alpha: float, want_raw: b
         # the large-eps sums are not merged across column chunks (softmin.softmin)
         split, cps1, cps2 = 1, m1, m2
     else:
-        split = split_count(n_blocks * B, min(m1, m2), cfg.block_n, R1.x.device)
-        cps1, cps2 = chunk(m1, split, cfg.block_n), chunk(m2, split, cfg.block_n)
-        split = max(cdiv(m1, cps1), cdiv(m2, cps2))
+        split, cps1, cps2 = pair_split(n_blocks * B, m1, m2, cfg.block_n, R1.x.device)
     pm1, ps1 = partials(split, R1.sq)
     pm2, ps2 = partials(split, R2.sq)
     cost = cost_args(R1, C1)[0]

@@ -116,6 +116,14 @@ def _plan_rows(
     tl.store(Prow + i_s * s_prs + i_b64 * n_x + o_m, b_sum, mask=m_m)
 
 
+@triton.jit
+def _reset_flag(Flag, i_g, i_b, i_s):
+    # Program (0, 0, 0) resets the flag for this step's finishing kernel; stream order puts the
+    # store after the previous step's guarded launches and before this step's checks.
+    if (i_g == 0) & (i_b == 0) & (i_s == 0):
+        tl.store(Flag, 0.0)
+
+
 @triton.jit(do_not_specialize=_DYNAMIC)
 def _plan_fwd_kernel(
     X, Y, Xsq, Ysq, U, V, Prow, Pcol, Flag,
@@ -132,10 +140,7 @@ def _plan_fwd_kernel(
     i_g = tl.program_id(0)
     i_b = tl.program_id(1)
     i_s = tl.program_id(2)
-    if (i_g == 0) & (i_b == 0) & (i_s == 0):
-        # Reset for this step's finishing kernel; stream order puts it after the previous
-        # step's guarded launches and before this step's checks.
-        tl.store(Flag, 0.0)
+    _reset_flag(Flag, i_g, i_b, i_s)
     scale2 = 2.0 * 1.4426950408889634 * dot_scale / eps
     inv_eps2 = 1.4426950408889634 / eps
     i_b64 = i_b.to(tl.int64)

@@ -24,8 +24,8 @@ from ..kernel_costs import cost_id
 from . import configs, softmin, sums
 from .configs import COMBINE_BLOCK, FINISH_BLOCK, FINISH_PARTS, lse_config, self_plan_config
 from .operands import cost_args, is_half, operands
-from .plan import _plan_finish_rows
-from .split import chunk, sm_count, split_count
+from .plan import _plan_finish_rows, _reset_flag
+from .split import plan_split, sm_count, split_count
 from .tiles import SQEUCLIDEAN, col_bias, cost_scores, load_parts, score_tile
 
 _DYNAMIC = [
@@ -155,10 +155,7 @@ def _plan_self_fwd_kernel(
     i_g = tl.program_id(0)
     i_b = tl.program_id(1)
     i_s = tl.program_id(2)
-    if (i_g == 0) & (i_b == 0) & (i_s == 0):
-        # Reset for this step's finishing kernel; stream order puts it after the previous
-        # step's guarded launches and before this step's checks.
-        tl.store(Flag, 0.0)
+    _reset_flag(Flag, i_g, i_b, i_s)
     scale2 = 2.0 * 1.4426950408889634 * dot_scale / eps
     inv_eps2 = 1.4426950408889634 / eps
     i_b64 = i_b.to(tl.int64)
@@ -372,9 +369,7 @@ def guarded_softmin(X: Side, f, eps, alpha, beta, want_raw, precision, out, raw,
     xx, _, dot_scale, prec = operands(X, X, precision)
     cfg = lse_config(d, is_half(xx, prec))
     nbx = cdiv(n, cfg.block_m)
-    split = split_count(nbx * B, n, cfg.block_n, X.x.device)
-    cps = chunk(n, split, cfg.block_n)
-    split = cdiv(n, cps)
+    split, cps = plan_split(nbx * B, n, cfg.block_n, X.x.device)
     pmax, psum = softmin.partials(split, f)
     cost, labels, lab, _, lcost, n_lab, lscale = cost_args(X, X)
     # Grid over the x-side programs only: the y-side arguments repeat the x side's.

@@ -19,7 +19,7 @@ from ...problem import Side
 from .. import kernel_costs
 from .configs import COMBINE_BLOCK, lse_config
 from .operands import cost_args, is_half, operands
-from .split import chunk, plan_split, split_count
+from .split import pair_split, plan_split
 from .tiles import (
     SQEUCLIDEAN,
     col_bias,
@@ -420,9 +420,7 @@ def symmetric_step(
         # the large-eps sums are not merged across column chunks (softmin above)
         split, cps_x, cps_y = 1, m, n
     else:
-        split = split_count(n_blocks * B, min(n, m), cfg.block_n, X.x.device)
-        cps_x, cps_y = chunk(m, split, cfg.block_n), chunk(n, split, cfg.block_n)
-        split = max(cdiv(m, cps_x), cdiv(n, cps_y))
+        split, cps_x, cps_y = pair_split(n_blocks * B, m, n, cfg.block_n, X.x.device)
     pfmax, pfsum = partials(split, f)
     pgmax, pgsum = partials(split, g)
     cost, labels, xlab, ylab, xlc, n_lab, lscale = cost_args(X, Y)

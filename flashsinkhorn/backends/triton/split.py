@@ -2,7 +2,8 @@
 
 When the row blocks of a sweep cannot fill the GPU, each row block's column sweep is split
 into chunks swept by separate programs whose partials are merged afterwards. The rules here
-choose the number of chunks for the soft-min (:func:`split_count`, :func:`plan_split`), the
+choose the number of chunks for the soft-min (:func:`split_count`, :func:`plan_split`,
+:func:`pair_split`), the
 transport (:func:`transport_split`, :func:`wave_split`) and the plan step (:func:`split_for`).
 ``TUNING.softmin_split`` and ``TUNING.transport_split`` force a count (tests); they are read at
 call time.
@@ -66,6 +67,17 @@ def plan_split(n_programs: int, n_cols: int, block_n: int, device) -> tuple[int,
     """(number of column chunks, columns per chunk) for a single-side sweep."""
     cps = chunk(n_cols, split_count(n_programs, n_cols, block_n, device), block_n)
     return cdiv(n_cols, cps), cps
+
+
+def pair_split(
+    n_programs: int, n_cols_1: int, n_cols_2: int, block_n: int, device
+) -> tuple[int, int, int]:
+    """(number of column chunks, columns per chunk of each side) for one grid of two sweeps
+    over ``n_cols_1`` and ``n_cols_2`` columns: both halves of a symmetric step, or a pair of
+    half-steps. The count is chosen for the narrower side and shared by both."""
+    split = split_count(n_programs, min(n_cols_1, n_cols_2), block_n, device)
+    cps_1, cps_2 = chunk(n_cols_1, split, block_n), chunk(n_cols_2, split, block_n)
+    return max(cdiv(n_cols_1, cps_1), cdiv(n_cols_2, cps_2)), cps_1, cps_2
 
 
 def transport_split(
