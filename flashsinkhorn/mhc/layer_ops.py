@@ -225,6 +225,8 @@ def _pre_bwd_impl(
     Kd = n * C
     NS, N, NP = _meta(n)
     dev = x.device
+    # the dX kernels read φ with row stride N (the forward GEMM takes any strides)
+    phi = phi.contiguous()
     coef = torch.cat([h_pre, h_post], 1)
     d_pre = dh_pre.float()
     if mix:
@@ -301,7 +303,7 @@ def _pre_bwd_impl(
 
 def _pre_bwd_fake(du, dh_pre, dh_post, dh_res, dsink, x, phi, a_pre, a_post, a_res, *_):
     return (
-        torch.empty_like(x), torch.empty_like(phi), torch.empty_like(a_pre),
+        torch.empty_like(x), phi.new_empty(phi.shape), torch.empty_like(a_pre),
         torch.empty_like(a_post), torch.empty_like(a_res), phi.new_empty((phi.shape[1],)),
     )  # fmt: skip
 
@@ -370,6 +372,8 @@ def _post_bwd_impl(
     T, n, C = dout.shape
     NS, _, _ = _meta(n)
     dout = dout.contiguous()
+    # the saved F is the op's input as given; the kernel reads it (and writes dF) row-major
+    f = f.contiguous()
     write_dx = mix and not fused
     dx = torch.empty_like(dout) if write_dx else dout.new_empty((0, n, C))
     df = torch.empty_like(f)
@@ -386,7 +390,7 @@ def _post_bwd_impl(
 def _post_bwd_fake(dout, x, f, h_post, h_res, fused, mix):
     T, n, C = dout.shape
     dx = torch.empty_like(dout) if mix and not fused else dout.new_empty((0, n, C))
-    return dx, torch.empty_like(f), _f32(dout, (T, n)), _f32(dout, (T, n, n) if mix else (0, n, n))
+    return dx, f.new_empty(f.shape), _f32(dout, (T, n)), _f32(dout, (T, n, n) if mix else (0, n, n))
 
 
 _post_bwd_op = torch.library.custom_op("flashsinkhorn::mhc_post_backward", mutates_args=())(
