@@ -24,6 +24,7 @@ are fp32):
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .._triton_launch import FP_FUSION, cdiv, cuda_sm_count, next_pow2
 from ..tuning import TUNING
@@ -91,7 +92,11 @@ def _dual(name: str, impl, fake, setup_context, backward, non_differentiable=())
                 ctx.mark_non_differentiable(*(output[i] for i in non_differentiable))
 
         @staticmethod
+        @once_differentiable
         def backward(ctx, *grads):
+            # the kernels' gradients carry no graph: a double backward must raise (as the
+            # custom op's backward op, which has no autograd formula), not differentiate the
+            # few torch ops between them
             return backward(ctx, *grads)
 
     _Eager.__name__ = _Eager.__qualname__ = f"_{name}_function"

@@ -349,3 +349,15 @@ def test_fused_dynamic_weights_transposed_phi(device):
     o_ref, g_ref = _grads_of(fn("torch"), [x, w, *rest], 3)
     for a, b in zip([*o, *g], [*o_ref, *g_ref], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_double_backward_raises(device, dynamic):
+    # the kernels' gradients carry no graph: differentiating them again must raise rather
+    # than return the second derivative of the few torch ops between the kernels
+    hc, _ = _pair(8, 2, 3, "triton", seed=15, dynamic=dynamic)
+    hc = hc.to(device)
+    x = torch.randn(4, 2, 8, device=device, requires_grad=True)
+    (g,) = torch.autograd.grad(hc(x, torch.tanh).square().sum(), hc.bias, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        g.square().sum().backward()
