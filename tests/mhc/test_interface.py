@@ -267,6 +267,17 @@ def test_step_functions_bad_input():
     with pytest.raises(ValueError, match="at most 7 streams"):
         fused_dynamic_weights(x8, *w8, backend="triton")
     assert fused_dynamic_weights(x8, *w8)[2].shape == (3, 8, 8)
+    # the device error names the argument of the streams
+    meta = [torch.empty(2, 4, 8, device="meta"), torch.empty(2, 8, device="meta")]
+    post = torch.empty(2, 4, device="meta")
+    with pytest.raises(ValueError, match="got H_residual on device meta"):
+        fused_add_residual(*meta, post, backend="triton")
+    with pytest.raises(ValueError, match="got H on device meta"):
+        fused_stream_mix(meta[0], post, torch.empty(2, 4, 4, device="meta"), backend="triton")
+    w = [torch.empty(32, 24, device="meta"), torch.empty(24, device="meta")]
+    w += [torch.empty(1, device="meta")] * 3
+    with pytest.raises(ValueError, match="got x on device meta"):
+        fused_dynamic_weights(meta[0], *w, backend="triton")
 
 
 def test_layer_options_bad_input():
