@@ -131,8 +131,9 @@ def ot_cost(
 ) -> torch.Tensor:
     """Global OT_eps of sharded clouds, differentiable w.r.t. this rank's shards.
 
-    A collective, in the forward and (ring mode) in the backward: call it, and ``backward``,
-    on every rank. Problem and options as in :func:`flashsinkhorn.distributed.sinkhorn`.
+    A collective, in the forward and in the backward (both modes: the ranks agree on the
+    gradients needed, then sweep): call it, and ``backward``, on every rank. Problem and
+    options as in :func:`flashsinkhorn.distributed.sinkhorn`.
     Envelope gradients of the plan actually computed (as :func:`flashsinkhorn.ot_cost`):
     ∇_x = 2 (diag(â) x − P y) for the local rows with P applied over all columns (gather: the
     backend's ``transport_grad`` against the gathered cloud; ring: per-shard partial sums),

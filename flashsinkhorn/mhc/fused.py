@@ -55,9 +55,9 @@ def _same_device(ref: torch.Tensor, **others: torch.Tensor) -> None:
             )
 
 
-def _use_triton(backend: str, x: torch.Tensor, n: int, max_n: int) -> bool:
-    """Whether the kernels run; ``max_n``: the most streams they take (the stream axis is a
-    register tile dimension)."""
+def _use_triton(backend: str, name: str, x: torch.Tensor, n: int, max_n: int) -> bool:
+    """Whether the kernels run on the streams ``x`` (the argument ``name``); ``max_n``: the
+    most streams they take (the stream axis is a register tile dimension)."""
     V.check_choice("backend", backend, BACKENDS)
     if backend == "torch" or x.numel() == 0:
         return False
@@ -72,7 +72,7 @@ def _use_triton(backend: str, x: torch.Tensor, n: int, max_n: int) -> bool:
                 f"backend='triton' supports at most {max_n} streams here, got n = {n}; use "
                 "backend='auto' or 'torch'"
             )
-        check_triton_device("H", x)
+        check_triton_device(name, x)
         return True
     return x.is_cuda and _HAS_TRITON and x.dtype in _KERNEL_DTYPES and n <= max_n
 
@@ -105,7 +105,7 @@ def fused_stream_mix(
     _shape("H_pre", H_pre, (*lead, n), "(..., n)")
     _shape("H_res", H_res, (*lead, n, n), "(..., n, n)")
     _same_device(H, H_pre=H_pre, H_res=H_res)
-    if not _use_triton(backend, H, n, MAX_MIX_STREAMS):
+    if not _use_triton(backend, "H", H, n, MAX_MIX_STREAMS):
         u = torch.einsum("...i,...ic->...c", H_pre.to(H.dtype), H)
         return u, torch.einsum("...ij,...jc->...ic", H_res.to(H.dtype), H)
     x3 = H.reshape(-1, n, C).contiguous()
@@ -141,7 +141,7 @@ def fused_add_residual(
     _shape("branch_output", F, (*lead, C), "(..., C)")
     _shape("H_post", H_post, (*lead, n), "(..., n)")
     _same_device(R, branch_output=F, H_post=H_post)
-    if not _use_triton(backend, R, n, MAX_MIX_STREAMS):
+    if not _use_triton(backend, "H_residual", R, n, MAX_MIX_STREAMS):
         return R + H_post.to(R.dtype)[..., None] * F.to(R.dtype)[..., None, :]
     out = L.add_residual(R.reshape(-1, n, C).contiguous(), F.reshape(-1, C), H_post.reshape(-1, n))
     return out.view(*lead, n, C)
@@ -219,7 +219,7 @@ def fused_dynamic_weights(
     V.check_choice("gemm_precision", gemm_precision, ("tf32", "ieee"))
     lead = x.shape[:-2]
     a_pre, a_post, a_res = (a.reshape(1) for a in gains.values())
-    if not _use_triton(backend, x, n, 7):  # n² + 2n coefficients in a 64-wide tile
+    if not _use_triton(backend, "x", x, n, 7):  # n² + 2n coefficients in a 64-wide tile
         flat = x.reshape(-1, n * C).to(phi.dtype)
         r = torch.sqrt(flat.square().mean(-1, keepdim=True) + rms_eps)
         h = flat @ phi

@@ -24,6 +24,7 @@ are fp32):
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .._triton_launch import FP_FUSION, cdiv, cuda_sm_count, next_pow2
 from ..tuning import TUNING
@@ -91,7 +92,11 @@ def _dual(name: str, impl, fake, setup_context, backward, non_differentiable=())
                 ctx.mark_non_differentiable(*(output[i] for i in non_differentiable))
 
         @staticmethod
+        @once_differentiable
         def backward(ctx, *grads):
+            # the kernels' gradients carry no graph: a double backward must raise (as the
+            # custom op's backward op, which has no autograd formula), not differentiate the
+            # few torch ops between them
             return backward(ctx, *grads)
 
     _Eager.__name__ = _Eager.__qualname__ = f"_{name}_function"
@@ -238,6 +243,8 @@ def _pre_bwd_impl(
     Kd = n * C
     NS, N, NP = _meta(n)
     dev = x.device
+    # the dX kernels read φ with row stride N (the forward GEMM takes any strides)
+    phi = phi.contiguous()
     coef = torch.cat([h_pre, h_post], 1)
     d_pre = dh_pre.float()
     if mix:
@@ -314,7 +321,7 @@ def _pre_bwd_impl(
 
 def _pre_bwd_fake(du, dh_pre, dh_post, dh_res, dsink, x, phi, a_pre, a_post, a_res, *_):
     return (
-        torch.empty_like(x), torch.empty_like(phi), torch.empty_like(a_pre),
+        torch.empty_like(x), phi.new_empty(phi.shape), torch.empty_like(a_pre),
         torch.empty_like(a_post), torch.empty_like(a_res), phi.new_empty((phi.shape[1],)),
     )  # fmt: skip
 
@@ -376,6 +383,8 @@ def _post_bwd_impl(
     T, n, C = dout.shape
     NS, _, _ = _meta(n)
     dout = dout.contiguous()
+    # the saved F is the op's input as given; the kernel reads it (and writes dF) row-major
+    f = f.contiguous()
     write_dx = mix and not fused
     dx = torch.empty_like(dout) if write_dx else dout.new_empty((0, n, C))
     df = torch.empty_like(f)
@@ -392,7 +401,7 @@ def _post_bwd_impl(
 def _post_bwd_fake(dout, x, f, h_post, h_res, fused, mix):
     T, n, C = dout.shape
     dx = torch.empty_like(dout) if mix and not fused else dout.new_empty((0, n, C))
-    return dx, torch.empty_like(f), _f32(dout, (T, n)), _f32(dout, (T, n, n) if mix else (0, n, n))
+    return dx, f.new_empty(f.shape), _f32(dout, (T, n)), _f32(dout, (T, n, n) if mix else (0, n, n))
 
 
 _post_bwd_op, _post_bwd = _backward_op("mhc_post_backward", _post_bwd_impl, _post_bwd_fake)

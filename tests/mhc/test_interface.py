@@ -267,6 +267,17 @@ def test_step_functions_bad_input():
     with pytest.raises(ValueError, match="at most 7 streams"):
         fused_dynamic_weights(x8, *w8, backend="triton")
     assert fused_dynamic_weights(x8, *w8)[2].shape == (3, 8, 8)
+    # the device error names the argument of the streams
+    meta = [torch.empty(2, 4, 8, device="meta"), torch.empty(2, 8, device="meta")]
+    post = torch.empty(2, 4, device="meta")
+    with pytest.raises(ValueError, match="got H_residual on device meta"):
+        fused_add_residual(*meta, post, backend="triton")
+    with pytest.raises(ValueError, match="got H on device meta"):
+        fused_stream_mix(meta[0], post, torch.empty(2, 4, 4, device="meta"), backend="triton")
+    w = [torch.empty(32, 24, device="meta"), torch.empty(24, device="meta")]
+    w += [torch.empty(1, device="meta")] * 3
+    with pytest.raises(ValueError, match="got x on device meta"):
+        fused_dynamic_weights(meta[0], *w, backend="triton")
 
 
 def test_layer_options_bad_input():
@@ -282,3 +293,82 @@ def test_layer_options_bad_input():
     _, add_residual, _ = hc(torch.randn(3, 4, 8))
     with pytest.raises(ValueError, match="branch output must have shape"):
         add_residual(torch.randn(3, 4, 8))
+
+
+def _grads_of(fn, inputs, seed):
+    """Outputs and input gradients of ``fn(*inputs)`` for a random weighting of its outputs."""
+    inputs = [t.detach().clone().requires_grad_(True) for t in inputs]
+    outs = fn(*inputs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    gen = torch.Generator().manual_seed(seed)
+    loss = sum((o * torch.randn(o.shape, generator=gen).to(o)).sum() for o in outs)
+    loss.backward()
+    return [o.detach() for o in outs], [t.grad for t in inputs]
+
+
+@pytest.mark.parametrize("layout", ["slice", "transpose"])
+def test_non_contiguous_branch_output(device, layout):
+    # F as a slice of a wider output (chunked projections) or a transposed view: the
+    # backward reads the F it saved, which must be taken row-major like in the forward
+    gen = torch.Generator().manual_seed(11)
+    r = torch.randn(6, 3, 16, generator=gen).to(device)
+    wide = torch.randn(6, 32, generator=gen).to(device)
+    post = torch.rand(6, 3, generator=gen).to(device)
+
+    def fn(r, wide, post, backend):
+        f = wide[:, :16]
+        return fused_add_residual(
+            r, f if layout == "slice" else f.t().contiguous().t(), post, backend=backend
+        )
+
+    o, g = _grads_of(lambda *a: fn(*a, "triton"), [r, wide, post], 1)
+    o_ref, g_ref = _grads_of(lambda *a: fn(*a, "torch"), [r, wide, post], 1)
+    for a, b in zip([*o, *g], [*o_ref, *g_ref], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    hc, _ = _pair(16, 3, 4, "triton", seed=12)
+    hc = hc.to(device)
+    x = torch.randn(6, 3, 16, generator=gen).to(device)
+
+    def layer(x, wide, hc=hc):
+        out = hc(x, lambda u: u * (wide[:, :16] if layout == "slice" else wide[:, ::2]))
+        return out, *(p * 1 for p in hc.parameters())
+
+    grads = []
+    for backend in ("triton", "torch"):
+        hc.backend = backend
+        for p in hc.parameters():
+            p.grad = None
+        o, g = _grads_of(layer, [x, wide], 2)
+        grads.append([*o[:1], *g, *(p.grad for p in hc.parameters())])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_fused_dynamic_weights_transposed_phi(device):
+    # φ as the transpose of a (n² + 2n, n·C) weight: the backward reads it as (n·C, n² + 2n)
+    hc, _ = _pair(8, 2, 4, "torch", seed=13)
+    w = hc.phi.detach().t().contiguous().to(device)
+    x = torch.randn(6, 2, 8, generator=torch.Generator().manual_seed(14)).to(device)
+    rest = [p.detach().to(device) for p in (hc.bias, hc.alpha_pre, hc.alpha_post, hc.alpha_res)]
+
+    def fn(backend):
+        return lambda x, w, *rest: fused_dynamic_weights(
+            x, w.t(), *rest, n_iters=4, gemm_precision="ieee", backend=backend
+        )
+
+    o, g = _grads_of(fn("triton"), [x, w, *rest], 3)
+    o_ref, g_ref = _grads_of(fn("torch"), [x, w, *rest], 3)
+    for a, b in zip([*o, *g], [*o_ref, *g_ref], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_double_backward_raises(device, dynamic):
+    # the kernels' gradients carry no graph: differentiating them again must raise rather
+    # than return the second derivative of the few torch ops between the kernels
+    hc, _ = _pair(8, 2, 3, "triton", seed=15, dynamic=dynamic)
+    hc = hc.to(device)
+    x = torch.randn(4, 2, 8, device=device, requires_grad=True)
+    (g,) = torch.autograd.grad(hc(x, torch.tanh).square().sum(), hc.bias, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        g.square().sum().backward()
