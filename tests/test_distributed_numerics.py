@@ -208,6 +208,24 @@ def _failures(rank, world):
         ),
     }
     out = {name: expect_error(call) for name, call in calls.items()}
+    # A failure other than an argument error in one rank's checks (here a RuntimeError
+    # raised in place of its shard checks) and a backend that resolves differently on one
+    # rank (here its precision): every rank must raise, none may wait in a collective.
+    from flashsinkhorn.distributed import _checks, _engine
+
+    def broken(*args, **kw):
+        raise RuntimeError("the shard checks broke")
+
+    for name, module, attr, stand_in in (
+        ("runtime_error_one_rank", _checks, "check_local", broken),
+        ("resolved_precision_differs", _engine, "resolve_precision", lambda *a: "tf32x3"),
+    ):
+        real = getattr(module, attr)
+        setattr(module, attr, on(2, stand_in, real))
+        try:
+            out[name] = expect_error(lambda: fsd.sinkhorn(x, y, a, b, eps=0.3))
+        finally:
+            setattr(module, attr, real)
     x1, y1, a1, b1 = _data(15, *map(sum, SIZES[world]))
     res = fsd.sinkhorn(x, y, a, b, eps=0.3, tol=None, n_iters=4, mode="ring")
     ref = fs.sinkhorn(x1, y1, a1, b1, eps=0.3, tol=None, n_iters=4)
@@ -428,6 +446,7 @@ FAILING_RANK = {
     "semi_relaxed_divergence_one_rank": (3, "ValueError: a Sinkhorn divergence needs rho_x =="),
     "eps_type_one_rank": (1, "TypeError: eps"),
     "compute_error_type_one_rank": (2, "TypeError: compute_error must be a bool"),
+    "runtime_error_one_rank": (2, "RuntimeError: RuntimeError: the shard checks broke"),
 }
 
 
@@ -435,8 +454,12 @@ def test_options_that_differ_across_ranks_raise_on_every_rank(job):
     world, _ = job
     if world != 4:
         pytest.skip("the failure checks run on 4 ranks")
-    messages = {r["compute_error_differs"] for r in entries(job, "failures")}
+    rows = entries(job, "failures")
+    messages = {r["compute_error_differs"] for r in rows}
     assert messages == {"ValueError: compute_error must be the same on every rank"}, messages
+    messages = {r["resolved_precision_differs"] for r in rows}
+    want = "ValueError: the precision (as resolved on each rank) must be the same on every rank"
+    assert messages == {want}, messages
 
 
 @pytest.mark.parametrize("name", sorted(FAILING_RANK))

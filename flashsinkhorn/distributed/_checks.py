@@ -34,10 +34,14 @@ def check_options(options: dict) -> tuple[SinkhornOptions, str]:
     return SinkhornOptions.build(**options), mode
 
 
-def option_codes(opts: SinkhornOptions, mode: str, compute_error: bool) -> list[float]:
-    """The options as numbers, for the cross-rank comparison (None is -1)."""
+def option_codes(
+    opts: SinkhornOptions, mode: str, compute_error: bool, backend: str, precision: str
+) -> list[float]:
+    """The options as numbers, for the cross-rank comparison (None is -1). ``backend`` and
+    ``precision`` are the rank's resolved ones: ranks that resolve "auto" differently (one
+    without Triton, mixed hardware) would exchange shards in different formats."""
     out = []
-    for v in [*opts.solver_kwargs().values(), mode, compute_error]:
+    for v in [*opts.solver_kwargs().values(), mode, compute_error, backend, precision]:
         if isinstance(v, str):
             v = float(sum(ord(c) * 31**i for i, c in enumerate(v)) % 1_000_003)
         out.append(-1.0 if v is None else float(v))
@@ -45,7 +49,13 @@ def option_codes(opts: SinkhornOptions, mode: str, compute_error: bool) -> list[
 
 
 #: Names of the compared options, in the order of ``option_codes``.
-OPTION_NAMES = (*SinkhornOptions(eps=1.0).solver_kwargs(), "mode", "compute_error")
+OPTION_NAMES = (
+    *SinkhornOptions(eps=1.0).solver_kwargs(),
+    "mode",
+    "compute_error",
+    "the backend (as resolved on each rank)",
+    "the precision (as resolved on each rank)",
+)
 
 
 def check_local(x, y, a, b, device: torch.device, check_finite: bool):
@@ -97,14 +107,16 @@ def guarded(comm: Comm, checks: Callable[[], object]):
         What ``checks`` returned, on every rank when no rank failed.
 
     Raises:
-        ValueError, TypeError: on every rank when ``checks`` raised on some rank: the error
-            of the lowest failing rank, its message followed by that rank.
+        ValueError, TypeError: on every rank when ``checks`` raised one on some rank: the
+            error of the lowest failing rank, its message followed by that rank.
+        RuntimeError: the same for any other exception (its type named in the message), so
+            that no rank is left waiting in the agreement's all-reduce.
     """
     failure = None
     result = None
     try:
         result = checks()
-    except _TYPES as exc:
+    except Exception as exc:  # noqa: BLE001 - every failure must reach the other ranks
         failure = exc
     agree(comm, failure)
     return result
@@ -118,25 +130,40 @@ def agree(comm: Comm, failure: BaseException | None) -> None:
     """
     flags = torch.zeros(comm.world, dtype=torch.float32, device=comm.device)
     if failure is not None:
-        flags[comm.rank] = 2.0 if isinstance(failure, TypeError) else 1.0
+        flags[comm.rank] = float(_kind_code(failure))
     failed = [r for r, v in enumerate(comm.all_reduce(flags).tolist()) if v > 0]
     if not failed:
         return
     first = failed[0]
     text = torch.zeros(MESSAGE_BYTES, dtype=torch.uint8, device=comm.device)
     if comm.rank == first:
-        raw = str(failure).encode()[:MESSAGE_BYTES]
+        said = str(failure)
+        if not isinstance(failure, _TYPES):
+            said = f"{type(failure).__name__}: {said}"
+        raw = said.encode()[:MESSAGE_BYTES]
         text[: len(raw)] = torch.tensor(list(raw), dtype=torch.uint8, device=comm.device)
     if comm.world > 1:
         dist.broadcast(text, src=comm.global_rank(first), group=comm.group)
     message = bytes(text.cpu().tolist()).rstrip(b"\0").decode(errors="replace")
-    kind = ValueError if int(flags[first]) == 1 else TypeError
+    kind = _KINDS[int(flags[first]) - 1]
     others = failed[1:]
     also = f"; rank(s) {others} failed too" if others else ""
     raise kind(
         f"{message} (on rank {first} of the {comm.world} ranks of the process group{also}; "
         "every rank raises this error)"
-    )
+    ) from (failure if comm.rank == first else None)
+
+
+_KINDS = (ValueError, TypeError, RuntimeError)
+
+
+def _kind_code(failure: BaseException) -> int:
+    # 1-based index into _KINDS: argument errors keep their class on every rank, anything
+    # else arrives as a RuntimeError
+    for code, kind in enumerate(_KINDS[:2], 1):
+        if isinstance(failure, kind):
+            return code
+    return 3
 
 
 def exchange_meta(comm: Comm, x, y, a, b, codes: list[float]):

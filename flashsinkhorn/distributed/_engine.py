@@ -115,7 +115,7 @@ class Sharded:
             local = C.check_local(x, y, a, b, comm.device, opts.check_finite)
             impl = resolve_backend(opts.backend, x.device, x.dtype)
             prec = resolve_precision(opts.precision, impl.name, x.dtype)
-            codes = C.option_codes(opts, mode, compute_error)
+            codes = C.option_codes(opts, mode, compute_error, impl.name, prec)
             return opts, mode, codes, impl, prec, *local
 
         opts, mode, codes, self.impl, self.precision, a, b = C.guarded(comm, checks)
