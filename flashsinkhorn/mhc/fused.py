@@ -175,8 +175,12 @@ def fused_dynamic_weights(
         x: (..., n, C) residual streams.
         phi: (n·C, n² + 2n) projection (n is read from its width).
         bias: (n² + 2n,) bias.
-        alpha_pre, alpha_post, alpha_res: gains, tensors of one element.
-        n_iters, variant, eps: of the projection (defaults 20, ``"log"``, 1e-6).
+        alpha_pre: gain of H_pre, a tensor of one element.
+        alpha_post: gain of H_post, a tensor of one element.
+        alpha_res: gain of H_res, a tensor of one element.
+        n_iters: Sinkhorn rounds of the projection (default 20).
+        variant: the projection's convention (default ``"log"``).
+        eps: the ``"deepseek"`` variant's additive constant (default 1e-6).
         rms_eps: added to mean(x²) (default 1e-6).
         pre_activation: ``"sigmoid"`` (default) or ``"softmax"``.
         gemm_precision: ``"tf32"`` (default) or ``"ieee"`` on the Triton path.

@@ -37,6 +37,8 @@ and the parameters stay in float32.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -82,7 +84,8 @@ class HyperConnection(HyperConnectionReference):
         gemm_precision: ``"tf32"`` (default, tensor cores) or ``"ieee"`` for x·φ and its
             backward on the Triton path.
         backend: ``"auto"`` (Triton on CUDA, torch otherwise), ``"triton"`` or ``"torch"``.
-        device, dtype: of the parameters (default: torch's default device, float32).
+        device: of the parameters (default: torch's default device).
+        dtype: of the parameters (default float32).
         dynamic: True (default): coefficients computed from each token (x·φ). False: static
             coefficients, learned per layer from the bias alone (no φ, no α parameters).
         pre_activation: ``"sigmoid"`` (default) or ``"softmax"`` (H_pre sums to 1 over the
@@ -107,8 +110,8 @@ class HyperConnection(HyperConnectionReference):
         alpha_init: float = 0.01,
         gemm_precision: str = "tf32",
         backend: str = "auto",
-        device=None,
-        dtype=None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
         *,
         dynamic: bool = True,
         pre_activation: str = "sigmoid",
@@ -136,7 +139,7 @@ class HyperConnection(HyperConnectionReference):
         n = self.n_streams
         return x.is_cuda and _HAS_TRITON and n * n + 2 * n <= 64 and x.dtype in _KERNEL_DTYPES
 
-    def split(self, x: torch.Tensor):
+    def split(self, x: torch.Tensor) -> tuple[torch.Tensor, Callable, torch.Tensor]:
         """The layer in two halves, around a sub-layer that the caller runs.
 
         ``u, add_residual, h_res = layer.split(X)``, then ``X_next = add_residual(F)`` with
@@ -146,11 +149,11 @@ class HyperConnection(HyperConnectionReference):
             x: (..., n, C) residual streams H.
 
         Returns:
-            ``(branch_input, add_residual, h_res)``: the branch input u (..., C) in X's dtype
-            (the autocast dtype under autocast); a function ``add_residual(branch_output)``
-            that takes F (..., C) and returns the next residual streams (..., n, C) (it
-            may be called more than once); and the mixing matrices H_res (..., n, n)
-            (float32 on the Triton path, differentiable).
+            tuple: ``(branch_input, add_residual, h_res)``: the branch input u (..., C) in
+                X's dtype (the autocast dtype under autocast); a function
+                ``add_residual(branch_output)`` that takes F (..., C) and returns the next
+                residual streams (..., n, C) (it may be called more than once); and the mixing
+                matrices H_res (..., n, n) (float32 on the Triton path, differentiable).
 
         Raises:
             TypeError: X not a floating tensor; with ``backend="triton"``, X of another dtype
@@ -251,7 +254,7 @@ class SplitHyperConnection(HyperConnection):
         layer_idx: int | None = 0,
         *,
         pre_activation: str = "softmax",
-        **kwargs,
+        **kwargs: Any,
     ) -> None:
         super().__init__(
             dim, num_streams, sinkhorn_iters, dynamic=dynamic, pre_activation=pre_activation,
