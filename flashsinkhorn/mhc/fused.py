@@ -91,7 +91,8 @@ def fused_stream_mix(
     Returns:
         ``(branch_input, H_residual)``: u = Σ_i H_pre[i]·H[i] of shape (..., C) and
         H_residual = H_res·H of shape (..., n, C), both in H's dtype (float32 accumulation on
-        the Triton path). Differentiable in all three inputs.
+        the Triton path; under autocast the torch path returns the autocast dtype).
+        Differentiable in all three inputs.
 
     Raises:
         TypeError: a non-floating or non-tensor argument; ``backend="triton"`` with float64.
@@ -129,7 +130,8 @@ def fused_add_residual(
         backend: ``"auto"`` (default), ``"triton"`` or ``"torch"``.
 
     Returns:
-        (..., n, C) next residual streams in H_residual's dtype. Differentiable in all inputs.
+        (..., n, C) next residual streams in H_residual's dtype (under autocast the torch
+        path returns the autocast dtype). Differentiable in all inputs.
 
     Raises:
         TypeError / ValueError: as :func:`fused_stream_mix`.
