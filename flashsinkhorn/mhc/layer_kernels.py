@@ -342,7 +342,7 @@ def _widen(b, BM: tl.constexpr, NS: tl.constexpr, BC: tl.constexpr):
     return tl.reshape(tl.broadcast_to(b[:, :, None], (BM, NS, BC)), (BM, NS * BC))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["m_base"])
 def _hc_dx_kernel(
     p_x,
     p_dout,
@@ -358,6 +358,7 @@ def _hc_dx_kernel(
     N,
     n,
     C,
+    m_base,
     BM: tl.constexpr,
     BC: tl.constexpr,
     NS: tl.constexpr,
@@ -372,8 +373,10 @@ def _hc_dx_kernel(
     # residual part is computed here from dX_next, so dX_res never goes through HBM. dφ is left
     # to _hc_dphi_kernel. Channel blocks vary fastest over the grid, so the programs resident
     # together read whole rows of X and dX_next (12 % faster than token blocks fastest).
+    # Token blocks sit on grid axis 1 (at most 65,535 blocks): the host launches larger T in
+    # slices of token blocks starting at m_base.
     i_c = tl.program_id(0)
-    i_m = tl.program_id(1)
+    i_m = tl.program_id(1) + m_base
     o_kk = tl.arange(0, NS * BC)
     o_j = o_kk // BC
     o_cc = i_c * BC + o_kk % BC

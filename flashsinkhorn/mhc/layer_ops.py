@@ -38,6 +38,8 @@ Tensor = torch.Tensor
 # (token block, channel block, warps) of _hc_dx_kernel; (token block, K block, warps, programs
 # per SM) of _hc_dphi_kernel. The dX pass with the ieee dot (Triton's CUDA-core dot) wants
 # larger tiles: (16, 32, 2) takes it from 8.9 to 67 ms on the H200.
+# CUDA's limit on grid axes 1 and 2; _hc_dx_kernel's token blocks (axis 1) go in slices of it
+MAX_GRID_Y = 65_535
 DX_CFG = (16, 32, 2)
 DX_CFG_IEEE = (32, 32, 4)
 DPHI_CFG = (32, 128, 4, 2)
@@ -283,11 +285,13 @@ def _pre_bwd_impl(
         # dsink is dX_next here (see _post_backward); H_resᵀ is applied in the dX pass.
         ieee = prec == "ieee"
         BM, BCX, warps = DX_CFG_IEEE if ieee else DX_CFG
-        K._hc_dx_kernel[(cdiv(C, BCX), cdiv(T, BM))](
-            x, dsink, du, coef, h_res, dy, rcoef, phi, dx, T, Kd, N, n, C,
-            BM=BM, BC=BCX, NS=NS, NP=NP, PREC=prec, HAS_DOUT=mix, HAS_DU=mix, num_warps=warps,
-            **FP_FUSION,
-        )  # fmt: skip
+        n_mb = cdiv(T, BM)
+        for m_base in range(0, n_mb, MAX_GRID_Y):
+            K._hc_dx_kernel[(cdiv(C, BCX), min(MAX_GRID_Y, n_mb - m_base))](
+                x, dsink, du, coef, h_res, dy, rcoef, phi, dx, T, Kd, N, n, C, m_base,
+                BM=BM, BC=BCX, NS=NS, NP=NP, PREC=prec, HAS_DOUT=mix, HAS_DU=mix,
+                num_warps=warps, **FP_FUSION,
+            )  # fmt: skip
         BMP, BKP, warps, per_sm = DPHI_CFG
         k_progs = cdiv(Kd, BKP)
         n_fill = cdiv(per_sm * _num_sms(dev), k_progs)

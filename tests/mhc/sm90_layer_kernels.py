@@ -49,7 +49,7 @@ def main():
             comp(K._hc_residual_bwd_kernel, rb, {"NS": 4, "BC": 512, "WRITE_DX": wd, "MIX": mix})
         dx = {**names("p_coef p_hres p_dy p_rcoef p_phi")}
         dx.update(dict.fromkeys(("p_x", "p_dout", "p_du", "p_dx"), X))
-        dx.update(dict.fromkeys(("T", "K", "N", "n", "C"), I))
+        dx.update(dict.fromkeys(("T", "K", "N", "n", "C", "m_base"), I))
         for hd, hu in ((True, True), (False, False)):
             c = {"BM": 16, "BC": 32, "NS": 4, "NP": 32, "PREC": "tf32"}
             comp(K._hc_dx_kernel, dx, {**c, "HAS_DOUT": hd, "HAS_DU": hu}, 2)

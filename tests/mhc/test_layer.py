@@ -71,6 +71,18 @@ def test_triton_layer_matches_reference(device, variant, fused, monkeypatch):
 
 
 @pytest.mark.parametrize("fused", [True, False])
+def test_triton_layer_dx_in_slices_of_token_blocks(device, fused, monkeypatch):
+    # The dX pass keeps its token blocks on grid axis 1 (at most 65,535 on CUDA) and launches
+    # more tokens in slices: here 3 token blocks of 32 (ieee) in slices of 2, then 1.
+    from flashsinkhorn.mhc import layer_ops
+
+    monkeypatch.setattr(TUNING, "mhc_fused_dx", fused)
+    monkeypatch.setattr(layer_ops, "MAX_GRID_Y", 2)
+    hc, ref = _pair(24, 4, 5, "log", "triton", seed=3)
+    _compare(hc, ref, (70,), 4, 24, device, 1e-4)
+
+
+@pytest.mark.parametrize("fused", [True, False])
 def test_triton_layer_schedule_read_once_per_forward(device, fused, monkeypatch):
     # the branch runs between the two autograd Functions of the layer: a schedule switch that
     # it flips must not leave them with different backward schedules
