@@ -106,10 +106,16 @@ def solve_points(
         sq_floor: floor of the squared distance under the euclidean cost's square root.
     """
     with torch.no_grad():
-        impl, problem = _problem(x, y, a, b, opts, sq_floor)
-        opts, eps_list = schedule_for(problem, opts, gpu=_streams(impl))
-        problem = limits.admit(problem, eps_list, tol=opts.tol)
+        impl, problem, opts, eps_list = _admitted(x, y, a, b, opts, sq_floor)
         return _solve(problem, impl, eps_list, opts)
+
+
+def _admitted(x, y, a, b, opts: SinkhornOptions, sq_floor: float):
+    """The backend, the prepared problem (admitted by the range checks for its eps ladder),
+    the options with "auto" resolved, and the ladder."""
+    impl, problem = _problem(x, y, a, b, opts, sq_floor)
+    opts, eps_list = schedule_for(problem, opts, gpu=_streams(impl))
+    return impl, limits.admit(problem, eps_list, tol=opts.tol), opts, eps_list
 
 
 def solve_divergence(
@@ -138,9 +144,7 @@ def solve_divergence(
         (``problem.X is problem.Y`` for the self terms).
     """
     with torch.no_grad():
-        impl, problem = _problem(x, y, a, b, opts, 0.0)
-        opts, eps_list = schedule_for(problem, opts, gpu=_streams(impl))
-        problem = limits.admit(problem, eps_list, tol=opts.tol)
+        impl, problem, opts, eps_list = _admitted(x, y, a, b, opts, 0.0)
         xy = _solve(problem, impl, eps_list, opts)
         base = resolve_backend(opts.backend, x.device, x.dtype)
 
