@@ -14,6 +14,8 @@ import flashsinkhorn as fs
 pytestmark = pytest.mark.gpu
 
 DEV = "cuda"
+#: Relative agreement of two float32 evaluations of a marginal error (see its use).
+FP32_AGREEMENT = 2e-2
 
 
 def _gmm_shell(n, seed=0):
@@ -65,19 +67,23 @@ def test_100k_matches_streaming():
     xr, yr = x.clone().requires_grad_(), y.clone().requires_grad_()
     vr = fs.ot_cost(xr, yr, path="streaming", precision="ieee", **kw)
     gxr, gyr = torch.autograd.grad(vr, (xr, yr))
-    assert abs(float(v) / float(vr) - 1.0) <= 1e-4
+    assert abs(float(v.detach()) / float(vr.detach()) - 1.0) <= 1e-4
     assert float((gx - gxr).norm() / gxr.norm()) <= 1e-3
     assert float((gy - gyr).norm() / gyr.norm()) <= 1e-3
     res = fs.sinkhorn(x, y, path="multiscale", **kw)
     assert res.converged and res.path == "multiscale" and res.backend == "triton"
+    # The reported error bounds the untruncated plan's. That property is tested exactly in
+    # float64 on the CPU (tests/test_multiscale.py); here both numbers are float32 sums over
+    # 1e5 rows that differ in summation order and distance form (direct differences against
+    # the dense path's expansion), which moves them by about 1 % of their value at this eps
+    # (u·diameter²/eps = 6e-4 of relative rounding per plan entry): FP32_AGREEMENT.
+    from flashsinkhorn.backends import resolve_backend
     from flashsinkhorn.solvers.objective import marginal_error
 
     s = res.solution
-    from flashsinkhorn.backends import resolve_backend
-
     dense = marginal_error(s.problem, resolve_backend("triton", x.device, x.dtype), s.f, s.g,
                            s.eps)  # fmt: skip
-    assert float(res.marginal_error) >= float(dense[0]) * (1 - 1e-3)
+    assert float(res.marginal_error) >= float(dense[0]) * (1 - FP32_AGREEMENT)
 
 
 def test_batched_unbalanced_float64_on_gpu():

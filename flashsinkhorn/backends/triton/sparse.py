@@ -1,11 +1,18 @@
 """Block-sparse online-LSE kernel of the multiscale path (flashsinkhorn/multiscale/).
 
 One program owns one row tile of TILE sorted points and visits only the column tiles of its
-CSR list: for each it forms the squared distances from coordinate differences (d <= 3: three
-FMAs per score, no tensor-core product to pad), the base-2 scores h_j − ‖x_i − y_j‖²·log2e/eps
-and a running (max, sum); with BARY it also accumulates the softmax-weighted column points
-(the barycentres of the plan's rows, for gradients). Memory traffic is O(visited tiles · TILE)
-per row tile; nothing of size n × m exists. The torch oracle is
+CSR list. Coordinates are taken relative to the row tile's first point o (ξ_i = x_i − o,
+η_j = y_j − o), so that the expansion of the squared distance cancels only the digits of the
+pair's own extent, and the base-2 score is split as
+
+    h_j − s‖ξ_i − η_j‖² = (h_j − s‖η_j‖²) + 2s ξ_i·η_j − s‖ξ_i‖²,     s = log2(e)/eps:
+
+the first term is formed once per visited column (TILE values per tile pair), the last is
+constant along a row and is added after the log-sum-exp, and each score costs three FMAs
+(seven operations with the direct difference form). A running (max, sum) per row gives the
+LSE; with BARY it also accumulates the softmax-weighted column offsets η_j (the barycentres
+of the plan's rows, for gradients). Memory traffic is O(visited tiles · TILE) per row tile;
+nothing of size n × m exists. The torch oracle is
 ``flashsinkhorn.multiscale.sparse_torch.sparse_lse``.
 """
 
@@ -19,62 +26,72 @@ from ..._triton_launch import FP_FUSION, launch
 
 LOG2E = 1.4426950408889634
 
+#: Launch configuration of the kernel (warps per program, software-pipelining stages).
+SPARSE_CONFIG = {"num_warps": 4, "num_stages": 3}
+
 
 # fmt: off
 @triton.jit
 def _lse_sparse_fwd_kernel(
     XR, XC, HC, ROWPTR, COLS, LSE, BARY,
-    scale,
+    n_col, scale,
     TILE: tl.constexpr, BARY_OUT: tl.constexpr,
 ):
-    # XR: (R·TILE, 3) row points; XC: (Cn·TILE, 3) column points; HC: (Cn·TILE,) column
-    # bias in base 2 (−inf: no mass); ROWPTR: (R + 1,) int32; COLS: (P,) int32 column tiles;
-    # LSE: (R·TILE,) natural log-sum-exp; BARY: (R·TILE, 3) softmax-weighted column points.
-    # scale = log2(e) / eps.
-    rt = tl.program_id(0)
-    offs = tl.arange(0, TILE)
-    rows = rt.to(tl.int64) * TILE + offs
-    x0 = tl.load(XR + rows * 3)
-    x1 = tl.load(XR + rows * 3 + 1)
-    x2 = tl.load(XR + rows * 3 + 2)
-    m_i = tl.full([TILE], float("-inf"), tl.float32)
-    l_i = tl.zeros([TILE], tl.float32)
-    a0 = tl.zeros([TILE], tl.float32)
-    a1 = tl.zeros([TILE], tl.float32)
-    a2 = tl.zeros([TILE], tl.float32)
-    start = tl.load(ROWPTR + rt)
-    end = tl.load(ROWPTR + rt + 1)
-    for k in range(start, end):
-        ct = tl.load(COLS + k).to(tl.int64)
-        cols = ct * TILE + offs
-        c0 = tl.load(XC + cols * 3)
-        c1 = tl.load(XC + cols * 3 + 1)
-        c2 = tl.load(XC + cols * 3 + 2)
-        h = tl.load(HC + cols)
-        d0 = x0[:, None] - c0[None, :]
-        d1 = x1[:, None] - c1[None, :]
-        d2 = x2[:, None] - c2[None, :]
-        z = h[None, :] - (d0 * d0 + d1 * d1 + d2 * d2) * scale  # (TILE, TILE), base 2
-        m_new = tl.maximum(m_i, tl.max(z, 1))
+    # XR: (R·TILE, 3) row points; XC: (3, n_col) column coordinates (one row per axis);
+    # HC: (n_col,) column bias in base 2 (−inf: no mass); ROWPTR: (R + 1,) int32;
+    # COLS: (P,) int32 column tiles; LSE: (R·TILE,) natural log-sum-exp;
+    # BARY: (R·TILE, 3) softmax-weighted column points. scale = log2(e) / eps.
+    i_r = tl.program_id(0).to(tl.int64)
+    o_t = tl.arange(0, TILE)
+    o_r = i_r * TILE + o_t
+    p_o = XR + i_r * TILE * 3
+    b_o0 = tl.load(p_o)
+    b_o1 = tl.load(p_o + 1)
+    b_o2 = tl.load(p_o + 2)
+    b_x0 = tl.load(XR + o_r * 3) - b_o0
+    b_x1 = tl.load(XR + o_r * 3 + 1) - b_o1
+    b_x2 = tl.load(XR + o_r * 3 + 2) - b_o2
+    # −s‖ξ_i‖²: constant along the row, added after the LSE
+    b_rc = -(b_x0 * b_x0 + b_x1 * b_x1 + b_x2 * b_x2) * scale
+    b_q0 = b_x0 * (2.0 * scale)
+    b_q1 = b_x1 * (2.0 * scale)
+    b_q2 = b_x2 * (2.0 * scale)
+    b_m = tl.full([TILE], float("-inf"), tl.float32)
+    b_l = tl.zeros([TILE], tl.float32)
+    b_a0 = tl.zeros([TILE], tl.float32)
+    b_a1 = tl.zeros([TILE], tl.float32)
+    b_a2 = tl.zeros([TILE], tl.float32)
+    i_start = tl.load(ROWPTR + i_r)
+    i_end = tl.load(ROWPTR + i_r + 1)
+    for k in range(i_start, i_end):
+        o_c = tl.load(COLS + k).to(tl.int64) * TILE + o_t
+        b_e0 = tl.load(XC + o_c) - b_o0
+        b_e1 = tl.load(XC + n_col + o_c) - b_o1
+        b_e2 = tl.load(XC + 2 * n_col + o_c) - b_o2
+        b_h = tl.load(HC + o_c) - (b_e0 * b_e0 + b_e1 * b_e1 + b_e2 * b_e2) * scale
+        # (TILE, TILE) base-2 scores without the row constant
+        b_z = b_h[None, :] + b_q0[:, None] * b_e0[None, :]
+        b_z = b_z + b_q1[:, None] * b_e1[None, :]
+        b_z = b_z + b_q2[:, None] * b_e2[None, :]
+        m_new = tl.maximum(b_m, tl.max(b_z, 1))
         # a row whose scores are all −inf so far keeps a zero sum (no NaN from −inf − −inf)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(z - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        b_alpha = tl.exp2(b_m - m_safe)
+        b_p = tl.exp2(b_z - m_safe[:, None])
+        b_l = b_l * b_alpha + tl.sum(b_p, 1)
         if BARY_OUT:
-            a0 = a0 * alpha + tl.sum(p * c0[None, :], 1)
-            a1 = a1 * alpha + tl.sum(p * c1[None, :], 1)
-            a2 = a2 * alpha + tl.sum(p * c2[None, :], 1)
-        m_i = m_new
-    live = l_i > 0.0
-    lse = tl.where(live, (m_i + tl.log2(tl.where(live, l_i, 1.0))) * 0.6931471805599453,
-                   float("-inf"))
-    tl.store(LSE + rows, lse)
+            b_a0 = b_a0 * b_alpha + tl.sum(b_p * b_e0[None, :], 1)
+            b_a1 = b_a1 * b_alpha + tl.sum(b_p * b_e1[None, :], 1)
+            b_a2 = b_a2 * b_alpha + tl.sum(b_p * b_e2[None, :], 1)
+        b_m = m_new
+    live = b_l > 0.0
+    b_lse = (b_m + tl.log2(tl.where(live, b_l, 1.0)) + b_rc) * 0.6931471805599453
+    tl.store(LSE + o_r, tl.where(live, b_lse, float("-inf")))
     if BARY_OUT:
-        inv = 1.0 / tl.where(live, l_i, 1.0)
-        tl.store(BARY + rows * 3, a0 * inv)
-        tl.store(BARY + rows * 3 + 1, a1 * inv)
-        tl.store(BARY + rows * 3 + 2, a2 * inv)
+        b_inv = 1.0 / tl.where(live, b_l, 1.0)
+        tl.store(BARY + o_r * 3, b_o0 + b_a0 * b_inv)
+        tl.store(BARY + o_r * 3 + 1, b_o1 + b_a1 * b_inv)
+        tl.store(BARY + o_r * 3 + 2, b_o2 + b_a2 * b_inv)
 # fmt: on
 
 
@@ -87,6 +104,7 @@ def sparse_lse(
     eps: float,
     bary: bool = False,
     tile: int = 64,
+    xc_axes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launches :func:`_lse_sparse_fwd_kernel` (float32).
 
@@ -99,6 +117,8 @@ def sparse_lse(
         eps: entropic regularisation.
         bary: also return the softmax-weighted column points.
         tile: points per tile (a power of two).
+        xc_axes: ``xc.t().contiguous()`` if the caller keeps it (the kernel reads the column
+            coordinates one axis at a time, in coalesced rows); built here when None.
 
     Returns:
         ``(L (R·tile,), barycentres (R·tile, 3) or None)`` as ``sparse_torch.sparse_lse``
@@ -108,8 +128,9 @@ def sparse_lse(
     lse = torch.empty(xr.shape[0], dtype=torch.float32, device=xr.device)
     out = torch.empty_like(xr) if bary else lse
     h2 = (hc * LOG2E).contiguous()
+    axes = xc.t().contiguous() if xc_axes is None else xc_axes
     if R > 0:
         launch(_lse_sparse_fwd_kernel, (R,),
-               xr, xc, h2, rowptr, cols, lse, out, LOG2E / eps,
-               TILE=tile, BARY_OUT=bary, num_warps=4, **FP_FUSION)  # fmt: skip
+               xr, axes, h2, rowptr, cols, lse, out, xc.shape[0], LOG2E / eps,
+               TILE=tile, BARY_OUT=bary, **SPARSE_CONFIG, **FP_FUSION)  # fmt: skip
     return lse, (out if bary else None)
