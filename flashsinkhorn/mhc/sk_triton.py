@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._direct_launch import DirectLaunch
 from .._triton_launch import FP_FUSION, cdiv, next_pow2
 from ..tuning import TUNING
 from .sk_codegen import gen_small
@@ -296,8 +297,11 @@ def _launch_cfg(cfg: tuple, m: torch.Tensor):
 # iterations), which pairing halves; in fp32 the memory time dominates and pairing was slower.
 SMALL_FWD_PAIR = {torch.float32: False, torch.float16: True, torch.bfloat16: True}
 
-# Launch data of the small forward per (n, n_iters, variant, dtype, on the GPU, generator
-# options, launch configuration, pairing): the kernel and its keyword arguments, built once.
+# Launchers of the small path, built once per compile-time configuration. A small batch costs
+# the GPU a few microseconds, Triton's argument binding several times that: DirectLaunch skips
+# the binding once a specialisation is compiled.
+# Forward: per (n, n_iters, variant, dtype, on the GPU, generator options, launch
+# configuration, pairing): (launcher, matrices per program).
 _FWD_LAUNCH: dict = {}
 
 
@@ -315,8 +319,34 @@ def _small_fwd_launch(n: int, n_iters: int, variant: str, m: torch.Tensor):
             opts[2] = bool(pair)
         fwd, _ = _small_kernels(n, n_iters, variant, tuple(opts))
         block, kw = _launch_cfg(cfg, m)
-        kw = {**kw, **FP_FUSION, "BLOCK": block, "FAST": m.is_cuda and not _interpreting()}
-        hit = _FWD_LAUNCH[key] = (fwd, block, kw)
+        fast = m.is_cuda and not _interpreting()
+        launcher = DirectLaunch(fwd, **kw, **FP_FUSION, BLOCK=block, FAST=fast)
+        hit = _FWD_LAUNCH[key] = (launcher, block)
+    return hit
+
+
+# Backward: per (n, n_iters, variant, on the GPU, fast reciprocals, generator options, launch
+# configuration): (launcher, matrices per program).
+_BWD_LAUNCH: dict = {}
+
+
+def _small_bwd_launch(n: int, n_iters: int, variant: str, m: torch.Tensor):
+    cfg = SMALL_CONFIG["bwd" if variant == "log" else "bwd_deepseek"]
+    opts = TUNING.mhc_small_bwd
+    if type(opts) is not tuple:
+        opts = tuple(opts)
+    fast = m.is_cuda and not _interpreting()
+    key = (n, n_iters, variant, m.is_cuda, fast, opts, cfg)
+    hit = _BWD_LAUNCH.get(key)
+    if hit is None:
+        block, kw = _launch_cfg(cfg, m)
+        looped = (opts[7:8] or (None,))[0] is not None
+        if fast and variant == "log" and looped and block != 32 * kw["num_warps"]:
+            # the shared-memory asm addresses one slot set per lane (sk_codegen._emit_sh_decl)
+            raise RuntimeError(f"SMALL_CONFIG['bwd'] = {cfg} needs BLOCK = 32 * num_warps")
+        _, bwd = _small_kernels(n, n_iters, variant, opts, block=block)
+        launcher = DirectLaunch(bwd, **kw, **FP_FUSION, BLOCK=block, FAST=fast)
+        hit = _BWD_LAUNCH[key] = (launcher, block)
     return hit
 
 
@@ -330,8 +360,8 @@ def sk_forward_triton(
         return out
     eps = 0.0 if variant == "log" else float(eps)
     if path == "small" or (path == "auto" and n <= 4):
-        fwd, block, kw = _small_fwd_launch(n, n_iters, variant, m)
-        fwd[(cdiv(bsz, block),)](m, out, bsz, eps, **kw)
+        fwd, block = _small_fwd_launch(n, n_iters, variant, m)
+        fwd((cdiv(bsz, block),), m, out, bsz, eps)
         return out
     first, n_half, np_, warps = _gen_meta(n, n_iters, variant)
     _sk_gen_fwd_kernel[(bsz,)](
@@ -364,16 +394,8 @@ def sk_backward_triton(
         return out
     eps = 0.0 if variant == "log" else float(eps)
     if path == "small" or (path == "auto" and n <= 4):
-        cfg = SMALL_CONFIG["bwd" if variant == "log" else "bwd_deepseek"]
-        block, kw = _launch_cfg(cfg, m)
-        opts = tuple(TUNING.mhc_small_bwd)
-        _, bwd = _small_kernels(n, n_iters, variant, opts, block=block)
-        fast = m.is_cuda and not _interpreting()
-        looped = (opts[7:8] or (None,))[0] is not None
-        if fast and variant == "log" and looped and block != 32 * kw["num_warps"]:
-            # the shared-memory asm addresses one slot set per lane (sk_codegen._emit_sh_decl)
-            raise RuntimeError(f"SMALL_CONFIG['bwd'] = {cfg} needs BLOCK = 32 * num_warps")
-        bwd[(cdiv(bsz, block),)](m, grad, out, bsz, eps, BLOCK=block, FAST=fast, **kw, **FP_FUSION)
+        bwd, block = _small_bwd_launch(n, n_iters, variant, m)
+        bwd((cdiv(bsz, block),), m, grad, out, bsz, eps)
         return out
     first, n_half, np_, warps = _gen_meta(n, n_iters, variant)
     hs = min(TUNING.mhc_gen_hs_max, max(2, next_pow2(n_half)))

@@ -145,3 +145,73 @@ def test_forward_reciprocal_schemes(device, monkeypatch, pair):
     expect16 = sinkhorn_knopp_reference_float(m.to(torch.bfloat16).float())
     torch.testing.assert_close(ph.double().cpu(), expect16, rtol=0, atol=1e-2)
     assert any(key[-1] is pair for key in sk_triton._FWD_LAUNCH)
+
+
+def _small_launches(m, g, variant, eps):
+    """The small path's forward and backward through sk_triton, and the same kernels launched
+    the normal way (``kernel[grid](...)``) with the launchers' compile-time arguments."""
+    from flashsinkhorn._triton_launch import cdiv
+    from flashsinkhorn.mhc import sk_triton
+
+    bsz = m.shape[0]
+    p = sk_triton.sk_forward_triton(m, 20, variant, eps)
+    dm = sk_triton.sk_backward_triton(m, g, 20, variant, eps)
+    fwd, block = sk_triton._small_fwd_launch(4, 20, variant, m)
+    bwd, bblock = sk_triton._small_bwd_launch(4, 20, variant, m)
+    p_ref, dm_ref = torch.empty_like(m), torch.empty_like(m)
+    fwd.kernel[(cdiv(bsz, block),)](m, p_ref, bsz, float(eps), **fwd.meta)
+    bwd.kernel[(cdiv(bsz, bblock),)](m, g, dm_ref, bsz, float(eps), **bwd.meta)
+    return (p, dm), (p_ref, dm_ref), (fwd, bwd)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_small_path_launchers_equal_normal_launches(device, dtype):
+    # Under the interpreter the launchers take the normal path (no compiled kernel to adopt).
+    m = _logits((37, 4, 4), seed=11).to(dtype).to(device)
+    g = torch.randn(m.shape, generator=torch.Generator().manual_seed(1)).to(dtype).to(device)
+    for _ in range(2):
+        (p, dm), (p_ref, dm_ref), launchers = _small_launches(m, g, "log", 0.0)
+        assert torch.equal(p, p_ref) and torch.equal(dm, dm_ref)
+    if device.type == "cpu":
+        assert not any(dl.enabled for dl in launchers)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("variant,eps", [("log", 0.0), ("deepseek", 1e-6)])
+def test_gpu_direct_launch_equals_normal_launch(monkeypatch, dtype, variant, eps):
+    # Every batch size Triton specialises differently (1; multiples of 16 or not), and logits
+    # at a 16-byte-aligned address or not: the second call of each launches directly and must
+    # run the same compiled kernel as Triton's own launch.
+    from flashsinkhorn._direct_launch import DirectLaunch
+    from flashsinkhorn.mhc import sk_triton
+
+    monkeypatch.setattr(sk_triton, "_FWD_LAUNCH", {})
+    monkeypatch.setattr(sk_triton, "_BWD_LAUNCH", {})
+    adopted = []
+    real = DirectLaunch._launch_and_adopt
+
+    def counting(self, *args):
+        adopted.append(args[-1])
+        return real(self, *args)
+
+    monkeypatch.setattr(DirectLaunch, "_launch_and_adopt", counting)
+    for bsz in (1, 15, 16, 17, 1000, 2**16 + 3):
+        for offset in (0, 1):
+            x = _logits((bsz, 4, 4), seed=bsz).to(dtype)
+            buf = torch.empty(bsz * 16 + offset, dtype=dtype, device="cuda")
+            m = buf[offset:].view(bsz, 4, 4)
+            m.copy_(x)
+            assert (m.data_ptr() % 16 == 0) == (offset == 0)
+            g = torch.randn(m.shape, generator=torch.Generator().manual_seed(bsz))
+            g = g.to(dtype).cuda()
+            _small_launches(m, g, variant, eps)
+            n_adopted = len(adopted)
+            (p, dm), (p_ref, dm_ref), launchers = _small_launches(m, g, variant, eps)
+            torch.cuda.synchronize()
+            assert len(adopted) == n_adopted, "the second call did not launch directly"
+            assert all(dl.enabled for dl in launchers)
+            assert torch.equal(p, p_ref), (bsz, offset)
+            assert torch.equal(dm, dm_ref), (bsz, offset)
+    # one adoption per signature: bsz == 1, 16, others; aligned or not
+    assert len(set(adopted)) == len(adopted)
