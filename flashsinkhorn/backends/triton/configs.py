@@ -113,17 +113,24 @@ def self_plan_config(d: int, half_operands: bool = False) -> LSEConfig:
     """Tile shape of the triangular self step (plan_self.py): the plan step's tiles, with row
     blocks a whole number of column tiles tall.
 
-    Blocks per SM, from ptxas for sm_90 (not timed): at d <= 64 the sweep holds 210 registers
-    per thread (the plan step's: 168), 2 blocks of 128 threads; at d <= 128 the cap of 128
-    registers and 96 KB of shared memory per block of 256 threads leave 2. The split then fills
-    whole waves (plan_self.layout).
+    Blocks per SM, from ptxas for sm_90: at d <= 64 the sweep holds 210 registers per thread
+    (the plan step's: 168), 2 blocks of 128 threads; at 64 < d <= 128 the 128 x 128 tiles of
+    4 warps leave 1. The split then fills whole waves (plan_self.layout).
     """
     cfg = plan_config(d, half_operands)
     if cfg.block_m % cfg.block_n:
         # The diagonal block of a row block is whole column tiles (d <= 32 with 16-bit
         # operands: 64 x 128; not measured, the backend keeps the online-LSE sweep there).
         cfg = dataclasses.replace(cfg, block_n=cfg.block_m)
-    if half_operands and 32 < d <= 128 and not interpreting():  # the plan step's own tiles
+    if half_operands and 64 < d <= 128 and not interpreting():
+        # 128 x 128 tiles, 4 warps, no register cap (one block per SM): divergence fwd+bwd,
+        # 10 iterations, H100: 10k 5.48 ms and 40k 57.3 ms against 6.27 and 67.8 with the
+        # plan step's 256 x 128 / 8 warps / cap 128, best of six shapes at 10k and second of
+        # six at 40k (256 x 64 / 8 warps / cap 128: 54.8 there, but 6.62 at 10k).
+        return dataclasses.replace(cfg, block_m=128, block_n=128, num_warps=4, maxnreg=None,
+                                   blocks_per_sm=1)  # fmt: skip
+    if half_operands and 32 < d <= 64 and not interpreting():  # the plan step's own tiles
+        # (best of six shapes at 10k, d = 64; register caps of 168 and 128 were slower)
         return dataclasses.replace(cfg, blocks_per_sm=2)
     return cfg
 
