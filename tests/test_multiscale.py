@@ -139,7 +139,7 @@ def test_tile_bound_dominates_block_mass(noise):
     for size in (TILE, TILE * SUPER):
         R, C = tile_stats(lx, fs_, size), tile_stats(ly, gs_, size)
         Tr, Tc = lx.N // size, ly.N // size
-        bb, i, j = bounds._all_pairs(1, Tr, Tc, "cpu")
+        bb, i, j = bounds._AllPairs(1, Tr, Tc, "cpu")(0, Tr * Tc)
         lb = pair_log_bound(R, C, bb, i, j, eps).reshape(Tr, Tc)
         logP = _dense_log_plan(lx.x[0], ly.x[0], lx.w[0], ly.w[0], fs_[0], gs_[0], eps)
         mass = torch.logsumexp(logP.reshape(Tr, size, Tc, size), dim=(1, 3))
@@ -216,6 +216,96 @@ def test_batched_pattern_equals_per_problem_patterns():
         assert torch.equal(pat.cols[mine] - k * ly.tiles, one.cols)
         for lv in range(len(pat.skipped)):
             torch.testing.assert_close(pat.skipped[lv][k], one.skipped[lv][0])
+
+
+def _map_case(n=10000, B=2, eps=3e-3, seed=8):
+    """Clouds y ≈ A x + c (an independent sample of the image of x) with the exact potentials
+    of the quadratic Brenier map x -> A x + c, per problem: a sharp plan with no solve."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(B, n, 2, generator=gen, dtype=DT)
+    A = torch.eye(2, dtype=DT) + 0.3 * torch.randn(B, 2, 2, generator=gen, dtype=DT)
+    A = A @ A.transpose(1, 2)  # symmetric positive definite
+    c = torch.randn(B, 1, 2, generator=gen, dtype=DT)
+    y = torch.rand(B, n, 2, generator=gen, dtype=DT) @ A + c
+    phi = 0.5 * ((x @ A) * x).sum(-1) + (x * c).sum(-1)
+    phis = 0.5 * (((y - c) @ torch.linalg.inv(A)) * (y - c)).sum(-1)
+    f, g = (x * x).sum(-1) - 2 * phi, (y * y).sum(-1) - 2 * phis
+    # a corner of zero-weight points: tiles without mass, which still keep a pair
+    w = torch.where((x < 0.25).all(-1), 0.0, torch.full((B, n), 1.0 / n, dtype=DT))
+    lx, ly = build_layout(x, w, DT), build_layout(y, torch.full_like(w, 1.0 / n), DT)
+    # a constant shift: plan mass of order one
+    return lx, ly, lx.sort(f) + eps * math.log(n / 50.0), ly.sort(g), eps
+
+
+def _levels(lx, ly, f, g, eps, budget, B):
+    """The two searches of :func:`build_pattern`: [(R, C, candidates, results), ...]."""
+    Sx, Sy = lx.tiles // SUPER, ly.tiles // SUPER
+    R, C = tile_stats(lx, f, TILE * SUPER), tile_stats(ly, g, TILE * SUPER)
+    top = bounds._AllPairs(B, Sx, Sy, "cpu")
+    got = bounds._search(R, C, top, eps, 0.5 * budget, B)
+    fine = bounds._Inside(got[0] // Sx, got[0] % Sx, got[1] % Sy, SUPER)
+    Rf, Cf = tile_stats(lx, f, TILE), tile_stats(ly, g, TILE)
+    return [(R, C, top, got), (Rf, Cf, fine, bounds._search(Rf, Cf, fine, eps, 0.5 * budget, B))]
+
+
+@pytest.mark.parametrize("budget", [1e-4, 1e-8])
+def test_chunked_search(monkeypatch, budget):
+    """Searching in chunks much smaller than the candidates gives the one-chunk pattern; the
+    recorded skipped sums are the exact (dense, float64) sums of the skipped pairs' bounds and
+    fit the budget; the threshold is the largest bin edge that fits and skips a subset of the
+    sort-based rule's pairs; every tile with mass keeps a pair."""
+    B = 2
+    lx, ly, f, g, eps = _map_case(B=B)
+    one = _levels(lx, ly, f, g, eps, budget, B)
+    assert one[1][2].count > 10 * 97 and one[0][2].count > 2 * 97
+    pat = build_pattern(lx, ly, f, g, eps, budget)
+    for chunk in (97, 1001):
+        monkeypatch.setattr(bounds, "PAIR_CHUNK", chunk)
+        monkeypatch.setattr(bounds, "CACHED_PAIRS", 3 * chunk)  # the rest re-evaluated
+        chunked = _levels(lx, ly, f, g, eps, budget, B)
+        for (_, _, _, ref), (_, _, _, got) in zip(one, chunked, strict=True):
+            for k in (0, 1, 3):  # pairs in the candidates' order, thresholds
+                assert torch.equal(ref[k], got[k])
+            torch.testing.assert_close(ref[2], got[2], rtol=1e-14, atol=0)  # skipped sums
+        small = build_pattern(lx, ly, f, g, eps, budget)
+        assert torch.equal(small.rows, pat.rows) and torch.equal(small.cols, pat.cols)
+    assert 0 < pat.pairs < lx.tiles * ly.tiles
+    lo = math.log(0.5 * budget) - bounds.LOG_BINS * bounds.LOG_BIN
+    cap = 0.5 * budget * (1 - bounds.ROUNDING_MARGIN)
+    for R, C, cand, (rows, cols, skipped, cut) in one:
+        Tr, Tc = R.alpha.shape[1], C.alpha.shape[1]
+        b, i, j = cand(0, cand.count)
+        lb = pair_log_bound(R, C, b, i, j, eps)
+        kept = torch.zeros(B * Tr * Tc, dtype=torch.bool)
+        kept[rows * Tc + cols % Tc] = True
+        kept = kept[(b * Tr + i) * Tc + j]
+        assert int(kept.sum()) == rows.numel()  # no pair twice
+        ref = torch.zeros(B, dtype=DT).index_add_(0, b[~kept], torch.exp(lb[~kept]))
+        torch.testing.assert_close(skipped, ref, rtol=1e-13, atol=0)
+        assert torch.all(skipped <= 0.5 * budget) and torch.all(skipped > 0)
+        bins = bounds._bins(lb, lo)
+        for k in range(B):
+            mine = b == k
+            # skipped pairs lie below the threshold; the next bin would not have fit
+            assert torch.all(bins[mine & ~kept] < cut[k])
+            assert float(torch.exp(lb[mine & (bins <= cut[k])]).sum()) > cap
+            # the sort-based rule (largest prefix of smallest bounds within the budget)
+            # skips a superset
+            order = torch.argsort(lb[mine])
+            fits = torch.exp(lb[mine][order]).cumsum(0) <= 0.5 * budget
+            sort_skips = torch.zeros_like(fits)
+            sort_skips[order] = fits
+            assert torch.all(sort_skips[~kept[mine]])
+        # every tile with mass keeps a pair
+        for T, side, idx in ((Tr, R, rows), (Tc, C, cols)):
+            has = torch.zeros(B * T, dtype=torch.bool)
+            has[idx] = True
+            assert torch.all(has[torch.isfinite(side.logm).reshape(-1)])
+    # the pattern's tiles: every tile with points (zero-weight ones included) keeps a pair
+    for lay, idx in ((lx, pat.rows), (ly, pat.cols)):
+        has = torch.zeros(B * lay.tiles, dtype=torch.bool)
+        has[idx] = True
+        assert torch.all(has[lay.real.reshape(B * lay.tiles, TILE).any(-1)])
 
 
 # ----- block-sparse soft-min -----

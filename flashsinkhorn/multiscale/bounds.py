@@ -17,11 +17,25 @@ is maximised over y_j in J's bounding box (a linear function: one corner) and z 
 difference I − J (a concave quadratic: u_I/2 clamped to the box). The same with the roles of
 x and y exchanged gives a second bound; E_IJ is the smaller. Derivation: docs/multiscale.md.
 
-The pattern skips the largest set of pairs of smallest bounds whose bounds sum to at most a
-budget (a fraction of ``tol``; one sort of the candidates): the mass of the true plan outside
-the pattern is then provably below that budget, and its exact sum of bounds is recorded.
-The search runs on super tiles first (``SUPER`` tiles), whose bounds dominate the
-sums of their tiles' bounds, then on the tiles of the super pairs it keeps.
+The pattern skips the pairs whose bounds lie below a threshold, per problem: the largest edge
+of a histogram of the log bounds (bins of ``LOG_BIN`` nats) whose bins below it sum to at most
+a budget (a fraction of ``tol``). The mass of the true plan outside the pattern is then
+provably below that budget, and the exact sum of the skipped bounds is recorded. Beyond the
+largest set of smallest bounds that fits (what a sort of the bounds would skip), it keeps only
+pairs of the bin the threshold falls in. The search runs on super tiles first (``SUPER``
+tiles), whose bounds dominate the sums of their tiles' bounds, then on the tiles of the super
+pairs it keeps. Candidates are generated and evaluated ``PAIR_CHUNK`` at a time, twice (the
+histogram and each tile's best pair, then the selection), so that no level ever holds all of
+them.
+
+Memory: about 500 bytes per pair of a chunk (float64 boxes, slopes and bounds of its two
+tiles; 2 GB at 2²² pairs), 56 bytes per pair of the first chunks that pass 1 keeps for
+pass 2 (``CACHED_PAIRS``, 0.9 GB), 16 bytes per kept pair (32 while the chunks' pairs are
+concatenated, about 64 while the CSR orders are sorted), and O(tiles). Two 3-D clouds of 4M
+points (62,500 tiles, about 3,900 super tiles a side): 15M super pairs, then about 1.2·10⁹
+tile-pair candidates in some 300 chunks; the peak is about 3 GB + 64 B per kept tile pair
+(16 GB at 5 % of the 3.9·10⁹ pairs kept), where evaluating the candidates at once would take
+well over 100 GB.
 
 When the potentials move, each skipped pair's bound moves by (Δα_I + Δβ_J)/eps with the slopes
 kept fixed: :meth:`Pattern.skipped_bound` re-evaluates the total from the tiles' new α and β in
@@ -37,8 +51,20 @@ import torch
 
 from .clustering import SUPER, TILE, Layout
 
-#: Pair bounds evaluated at once (memory ~ 40 float64 values per pair).
+#: Candidate pairs evaluated at once by the pattern search (about 0.5 KB of temporaries per
+#: pair: 2 GB a chunk).
 PAIR_CHUNK = 1 << 22
+#: Pairs whose evaluated bounds pass 1 of the search keeps for pass 2 (the first chunks; 56
+#: bytes a pair, 0.9 GB), which then evaluates only the chunks beyond.
+CACHED_PAIRS = 1 << 24
+#: Width (nats) of the bins of the log bounds' histogram that sets the skipping threshold.
+LOG_BIN = 1.0 / 64.0
+#: Bins of LOG_BIN below log(budget), 60 nats: smaller bounds share one bin (each weighs less
+#: than e⁻⁶⁰ of the budget, so it is skipped whole), larger ones another (never skipped).
+LOG_BINS = 60 * 64
+#: Fraction of the budget left to the rounding of float64 sums, so that the skipped pairs'
+#: recorded sum cannot exceed the budget (see :func:`_search`).
+ROUNDING_MARGIN = 2.0**-16
 
 
 @dataclass(frozen=True)
@@ -200,50 +226,125 @@ def _rescale(s0: torch.Tensor, eps0: float, eps: float) -> torch.Tensor:
     return torch.full_like(s0, math.inf)
 
 
-def _keep_best(lb: torch.Tensor, key: torch.Tensor, n_keys: int) -> torch.Tensor:
-    """(P,) True for each key's pairs of the largest finite bound (so that every tile with
-    mass visits at least one tile and its soft-min stays finite)."""
-    best = torch.full((n_keys,), -math.inf, dtype=lb.dtype, device=lb.device)
-    best.scatter_reduce_(0, key, lb, "amax")
-    return (lb == best[key]) & torch.isfinite(lb)
+class _AllPairs:
+    """Every (problem, row tile, column tile) triple, enumerated problem-major by a linear
+    index (nothing materialised beyond one chunk)."""
+
+    def __init__(self, B: int, Tr: int, Tc: int, device):
+        self.count, self.Tr, self.Tc, self.device = B * Tr * Tc, Tr, Tc, device
+
+    def __call__(self, start: int, stop: int):
+        k = torch.arange(start, stop, device=self.device)
+        b, r = k // (self.Tr * self.Tc), k % (self.Tr * self.Tc)
+        return b, r // self.Tc, r % self.Tc
 
 
-def _smallest_within(lb: torch.Tensor, b: torch.Tensor, B: int, budget: float) -> torch.Tensor:
-    """(P,) True for the pairs of smallest bound whose bounds sum to at most ``budget`` in
-    each problem: the skippable set of largest size (sorted by bound, a running sum per
-    problem)."""
-    order = torch.argsort(lb)
-    order = order[torch.argsort(b[order], stable=True)]  # by problem, then by bound
-    # Bounds above the budget are never skipped: capping them keeps the running sums (one
-    # cumsum over all problems, differenced per problem) free of the cancellation that huge
-    # kept bounds of one problem would cause in the next.
-    run = torch.exp(lb[order]).clamp_max(max(2.0 * budget, 1e-300)).cumsum(0)
-    counts = torch.bincount(b, minlength=B)
-    ends = counts.cumsum(0)
-    before = torch.cat([run.new_zeros(1), run])[ends - counts]  # running sum before each
-    within = run - before[b[order]] <= budget
-    out = torch.zeros_like(within)
-    out[order] = within
-    return out
+class _Inside:
+    """The ``size``² tile pairs inside each kept super pair (b, i, j), pair-major."""
+
+    def __init__(self, b: torch.Tensor, i: torch.Tensor, j: torch.Tensor, size: int):
+        self.b, self.i, self.j, self.size = b, i, j, size
+        self.count = b.numel() * size * size
+
+    def __call__(self, start: int, stop: int):
+        s = self.size
+        k = torch.arange(start, stop, device=self.b.device)
+        p, r = k // (s * s), k % (s * s)
+        return self.b[p], self.i[p] * s + r // s, self.j[p] * s + r % s
 
 
-def _search(R: TileStats, C: TileStats, b, i, j, eps, budget, B, Tr, Tc):
-    """Evaluates the candidate pairs in chunks; returns the kept (b, i, j) and the (B,) sums
-    of the skipped bounds (<= ``budget`` per problem)."""
-    skipped = torch.zeros(B, dtype=torch.float64, device=b.device)
-    es = [pair_exponent(R, C, b[s : s + PAIR_CHUNK], i[s : s + PAIR_CHUNK], j[s : s + PAIR_CHUNK])
-          for s in range(0, b.numel(), PAIR_CHUNK)]  # fmt: skip
-    e = torch.cat(es) / eps if es else torch.zeros(0, dtype=torch.float64, device=b.device)
+@dataclass
+class _Chunk:
+    b: torch.Tensor
+    i: torch.Tensor
+    j: torch.Tensor
+    lb: torch.Tensor  # log bound of the pair's mass
+    lr: torch.Tensor  # without the row tile's mass (ranks a row tile's pairs)
+    lc: torch.Tensor  # without the column tile's mass
+    bin: torch.Tensor  # histogram bin of lb (:func:`_bins`)
+
+
+def _bins(lb: torch.Tensor, lo: float) -> torch.Tensor:
+    """(P,) int64 bin of each log bound: 0 for −inf (a bound of 0), 1 for finite bounds below
+    ``lo``, 2 + k for [lo + k·LOG_BIN, lo + (k + 1)·LOG_BIN), and LOG_BINS + 2 from
+    lo + LOG_BINS·LOG_BIN = log(budget) up (a bound above the budget is never skipped)."""
+    # NaN only for lb = lo = −inf (a zero budget), set to bin 0 below
+    q = (torch.floor((lb - lo) * (1.0 / LOG_BIN)).clamp(-1, LOG_BINS) + 2).nan_to_num(0.0)
+    return torch.where(lb == -math.inf, 0, q.long())
+
+
+def _evaluate(R: TileStats, C: TileStats, b, i, j, eps: float, lo: float) -> _Chunk:
+    e = pair_exponent(R, C, b, i, j) / eps
     lmr, lmc = R.logm[b, i], C.logm[b, j]
     lb = _finite_or_ninf(lmr + lmc + e)
-    # the best pair of each row tile and of each column tile, by the bound without the row
-    # (column) mass: tiles of zero-weight points still get a finite soft-min
-    lr = _finite_or_ninf(lmc + e)
-    lc = _finite_or_ninf(lmr + e)
-    keep = ~_smallest_within(lb, b, B, budget)
-    keep |= _keep_best(lr, b * Tr + i, B * Tr) | _keep_best(lc, b * Tc + j, B * Tc)
-    skipped.index_add_(0, b[~keep], torch.exp(lb[~keep]))
-    return b[keep], i[keep], j[keep], skipped
+    lr, lc = _finite_or_ninf(lmc + e), _finite_or_ninf(lmr + e)
+    return _Chunk(b, i, j, lb, lr, lc, _bins(lb, lo))
+
+
+def _search(R: TileStats, C: TileStats, cand, eps: float, budget: float, B: int):
+    """The pairs of ``cand`` to keep, in two passes over chunks of :data:`PAIR_CHUNK`.
+
+    Pass 1 accumulates, per problem, the sum of exp(bound) in each log bin (:func:`_bins`) and
+    each row and column tile's largest bound. The threshold is the largest bin edge whose bins
+    below sum to at most ``budget`` (less :data:`ROUNDING_MARGIN`). Pass 2 re-evaluates the
+    chunks beyond :data:`CACHED_PAIRS` (bit for bit the same values) and skips the pairs
+    below the threshold, except each tile's best pair (so that every tile with mass visits
+    one tile and its soft-min stays finite; ranked by the bound without that tile's mass,
+    for tiles of zero-weight points).
+
+    Args:
+        R, C: tile statistics of the rows and of the columns.
+        cand: the candidate pairs: ``cand.count`` and ``cand(start, stop)`` -> (b, i, j).
+        eps: entropic regularisation.
+        budget: largest sum of the skipped pairs' bounds, per problem.
+        B: number of problems.
+
+    Returns:
+        (rows, cols, skipped, cut): the kept pairs' global row and column tile indices
+        (b · tiles + i), int64; the (B,) float64 exact sums of the skipped pairs' bounds
+        (<= ``budget``); the (B,) int64 first bin kept (pairs of smaller bins were skipped).
+    """
+    dev = R.alpha.device
+    Tr, Tc = R.alpha.shape[1], C.alpha.shape[1]
+    nb = LOG_BINS + 3
+    lo = (math.log(budget) if budget > 0 else -math.inf) - LOG_BINS * LOG_BIN
+    starts = range(0, cand.count, PAIR_CHUNK)
+    chunk = lambda s: _evaluate(R, C, *cand(s, min(s + PAIR_CHUNK, cand.count)), eps, lo)
+    hist = torch.zeros(B * nb, dtype=torch.float64, device=dev)
+    best_r = torch.full((B * Tr,), -math.inf, dtype=torch.float64, device=dev)
+    best_c = torch.full((B * Tc,), -math.inf, dtype=torch.float64, device=dev)
+    cache = []
+    for n, s in enumerate(starts):
+        c = chunk(s)
+        hist.index_add_(0, c.b * nb + c.bin, torch.exp(c.lb))
+        best_r.scatter_reduce_(0, c.b * Tr + c.i, c.lr, "amax")
+        best_c.scatter_reduce_(0, c.b * Tc + c.j, c.lc, "amax")
+        if n == 0 or (n + 1) * PAIR_CHUNK <= CACHED_PAIRS:
+            cache.append(c)
+    # A float64 sum of n nonnegative terms, in any order, is within n·2⁻⁵³ of exact (relative).
+    # The skipped pairs are a subset of the bins below the cut, with the same bounds (their
+    # exp within its last bit): the bins' sums, their scan and the skipped sum round by less than
+    # 3·n·2⁻⁵³ < ROUNDING_MARGIN together for n < 2³⁴ pairs per problem, so the recorded
+    # skipped sum cannot exceed the budget.
+    cap = budget * (1.0 - ROUNDING_MARGIN)
+    below = hist.view(B, nb).cumsum(1)[:, :-1] <= cap  # column k: bins 0..k fit, cut k + 1
+    cut = below.long().cumprod(1).sum(1)  # a prefix, whatever the scan's rounding
+    skipped = torch.zeros(B, dtype=torch.float64, device=dev)
+    rows, cols = [], []
+    for n, s in enumerate(starts):
+        if n < len(cache):
+            c, cache[n] = cache[n], None
+        else:
+            c = chunk(s)
+        best = (c.lr == best_r[c.b * Tr + c.i]) & torch.isfinite(c.lr)
+        best |= (c.lc == best_c[c.b * Tc + c.j]) & torch.isfinite(c.lc)
+        skip = (c.bin < cut[c.b]) & ~best
+        skipped.index_add_(0, c.b[skip], torch.exp(c.lb[skip]))
+        keep = ~skip
+        rows.append(c.b[keep] * Tr + c.i[keep])
+        cols.append(c.b[keep] * Tc + c.j[keep])
+    empty = torch.zeros(0, dtype=torch.int64, device=dev)
+    return torch.cat([empty, *rows]), torch.cat([empty, *cols]), skipped, cut
 
 
 def build_pattern(
@@ -274,32 +375,19 @@ def build_pattern(
         sup_x = tile_stats(lx, f, TILE * SUPER)
         sup_y = sup_x if self_problem else tile_stats(ly, g, TILE * SUPER)
         Sx, Sy = Tx // SUPER, Ty // SUPER
-        b, i, j = _all_pairs(B, Sx, Sy, dev)
-        b, i, j, sk1 = _search(sup_x, sup_y, b, i, j, eps, 0.5 * budget, B, Sx, Sy)
+        sr, sc, sk1, _ = _search(sup_x, sup_y, _AllPairs(B, Sx, Sy, dev), eps, 0.5 * budget, B)
         levels.append(((sup_x, sup_y), sk1))
-        # every tile pair inside the kept super pairs
-        a = torch.arange(SUPER, device=dev)
-        i = (i[:, None, None] * SUPER + a[None, :, None]).expand(-1, SUPER, SUPER).reshape(-1)
-        j = (j[:, None, None] * SUPER + a[None, None, :]).expand(-1, SUPER, SUPER).reshape(-1)
-        b = b[:, None].expand(-1, SUPER * SUPER).reshape(-1)
+        cand = _Inside(sr // Sx, sr % Sx, sc % Sy, SUPER)
         fine_budget = 0.5 * budget
     else:
-        b, i, j = _all_pairs(B, Tx, Ty, dev)
+        cand = _AllPairs(B, Tx, Ty, dev)
         fine_budget = budget
-    b, i, j, sk2 = _search(fine_x, fine_y, b, i, j, eps, fine_budget, B, Tx, Ty)
+    rows, cols, sk2, _ = _search(fine_x, fine_y, cand, eps, fine_budget, B)
     levels.append(((fine_x, fine_y), sk2))
-    rows, cols = b * Tx + i, b * Ty + j
     csr = {"xy": _csr(rows, cols, B * Tx), "yx": _csr(cols, rows, B * Ty)}
     stats = [lv[0] for lv in levels]
     skipped = [lv[1] for lv in levels]
     return Pattern(rows, cols, csr, eps, stats, skipped)
-
-
-def _all_pairs(B: int, Tr: int, Tc: int, dev):
-    b = torch.arange(B, device=dev).repeat_interleave(Tr * Tc)
-    i = torch.arange(Tr, device=dev).repeat_interleave(Tc).repeat(B)
-    j = torch.arange(Tc, device=dev).repeat(B * Tr)
-    return b, i, j
 
 
 def _csr(keys: torch.Tensor, vals: torch.Tensor, n_keys: int):
