@@ -316,7 +316,9 @@ def _search(R: TileStats, C: TileStats, cand, eps: float, budget: float, B: int)
     cache = []
     for n, s in enumerate(starts):
         c = chunk(s)
-        hist.index_add_(0, c.b * nb + c.bin, torch.exp(c.lb))
+        # bincount, not index_add_: most candidates fall in the one bin below the range, and
+        # bincount's per-block shared-memory histogram spares the global atomics on it
+        hist += torch.bincount(c.b * nb + c.bin, torch.exp(c.lb), minlength=B * nb)
         best_r.scatter_reduce_(0, c.b * Tr + c.i, c.lr, "amax")
         best_c.scatter_reduce_(0, c.b * Tc + c.j, c.lc, "amax")
         if n == 0 or (n + 1) * PAIR_CHUNK <= CACHED_PAIRS:
@@ -339,7 +341,7 @@ def _search(R: TileStats, C: TileStats, cand, eps: float, budget: float, B: int)
         best = (c.lr == best_r[c.b * Tr + c.i]) & torch.isfinite(c.lr)
         best |= (c.lc == best_c[c.b * Tc + c.j]) & torch.isfinite(c.lc)
         skip = (c.bin < cut[c.b]) & ~best
-        skipped.index_add_(0, c.b[skip], torch.exp(c.lb[skip]))
+        skipped += torch.bincount(c.b[skip], torch.exp(c.lb[skip]), minlength=B)
         keep = ~skip
         rows.append(c.b[keep] * Tr + c.i[keep])
         cols.append(c.b[keep] * Tc + c.j[keep])
