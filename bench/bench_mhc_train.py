@@ -196,6 +196,16 @@ def main():
     data = (tokens[:, :-1].to(device), tokens[:, 1:].to(device))
     print(f"config {cfg}, {steps} timed steps, autocast {dtype}, compile backend {backend}")
     rows = []
+    name, gpu = mhc_results.device_name(device)
+    res = {
+        "device": name,
+        "torch": torch.__version__,
+        "config": cfg,
+        "autocast": dtype,
+        "compile_backend": backend,
+        "rows": rows,
+    }
+    out_name = f"mhc_train_{gpu}{'_quick' if q else ''}"
     for v in variants:
         try:
             rows.append(run_variant(v, cfg, device, amp, state, data, steps, 2, backend))
@@ -204,6 +214,9 @@ def main():
             rows.append({"variant": v, "error": f"{type(e).__name__}: {e}"[:2000]})
         if device == "cuda":
             torch.cuda.empty_cache()
+        # after every variant: a run stopped by a time limit (compiling the reference takes
+        # minutes) keeps the rows it measured
+        mhc_results.write(res, args.out, out_name)
     by = {r["variant"]: r for r in rows if "error" not in r}
     if "ours-eager" in by and "ours-compiled" in by:
         ratio = by["ours-eager"]["ms_per_step"] / by["ours-compiled"]["ms_per_step"]
@@ -215,16 +228,6 @@ def main():
                 f"{mode}: ours {b['ms_per_step'] / a['ms_per_step']:.2f}x as fast as the "
                 f"reference, peak {a['peak_gib']} vs {b['peak_gib']} GiB"
             )
-    name, gpu = mhc_results.device_name(device)
-    res = {
-        "device": name,
-        "torch": torch.__version__,
-        "config": cfg,
-        "autocast": dtype,
-        "compile_backend": backend,
-        "rows": rows,
-    }
-    mhc_results.write(res, args.out, f"mhc_train_{gpu}{'_quick' if q else ''}")
 
 
 if __name__ == "__main__":

@@ -245,7 +245,7 @@ def bench_flash(rows, shape, n, eps_f, x, y, eps, device, reps, budget, predicte
     guess = predicted.get(key)
     if guess is not None and guess[1] * (n / guess[0]) ** 2 > budget:
         rows.append({**base, "skipped": f"predicted {guess[1] * (n / guess[0]) ** 2:.0f} s > "
-                                        f"--dense-budget {budget:g} s"})  # fmt: skip
+                                        f"--peer-budget {budget:g} s"})  # fmt: skip
         return
     if device.type != "cuda":
         rows.append({**base, "skipped": "CUDA only"})

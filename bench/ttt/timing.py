@@ -18,16 +18,18 @@ def sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def time_calls(fn, device):
-    """Warm-up call (``first_call_s``), then the median wall time of repeated calls: at least
-    3, until 0.5 s of calls or 15 calls (short calls vary by ±30 % from one call to the next
-    on a GPU, so 3 are too few); 1 call when one takes over 1 s. Returns (stats, output of
-    the last call)."""
+def time_calls(fn, device, warmups: int = 1):
+    """Warm-up calls (the first one's time is ``first_call_s``), then the median wall time of
+    repeated calls: at least 3, until 0.5 s of calls or 15 calls (short calls vary by ±30 %
+    from one call to the next on a GPU, so 3 are too few); 1 call when one takes over 1 s.
+    Returns (stats, output of the last call)."""
     sync(device)
     t0 = time.perf_counter()
     out = fn()
     sync(device)
     first = time.perf_counter() - t0
+    for _ in range(warmups - 1):
+        out = fn()
     times = []
     while len(times) < 15:
         sync(device)
