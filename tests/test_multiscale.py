@@ -629,3 +629,27 @@ def test_zero_weights_and_tiny_clouds():
         got = fs.sinkhorn(xs, ys, path="multiscale", **kw)
         want = fs.sinkhorn(xs, ys, **kw)
         torch.testing.assert_close(got.value, want.value, rtol=1e-9, atol=1e-12)
+
+
+def test_gradient_reuses_the_solve_pattern(monkeypatch):
+    """After a converged solve the envelope gradient reads the solve's pattern (its skipped
+    bound at the final potentials is within the budget): no rebuild, and the same gradient
+    as on a fresh pattern of every pair, to the budget's share of the plan's mass."""
+    x, y = _clouds(700, 600, d=3, seed=21)
+    res = fs.sinkhorn(x, y, eps=2e-3, tol=1e-7, n_iters=5000, backend="torch", path="multiscale")
+    sol = res.solution
+    be, p = sol.backend, sol.problem
+    built = be.rebuilds
+    assert 0 < be.pattern.pairs < be.layout(p.X).tiles * be.layout(p.Y).tiles
+    for rows, cols, f, g in ((p.X, p.Y, sol.f, sol.g), (p.Y, p.X, sol.g, sol.f)):
+        G, marg = be.transport_grad(rows, cols, f, g, sol.eps, p.precision)
+        assert be.rebuilds == built
+        # a budget no pattern's bound can meet: a fresh pattern keeping every pair
+        monkeypatch.setattr(be, "budget", -1.0)
+        G_all, marg_all = be.transport_grad(rows, cols, f, g, sol.eps, p.precision)
+        monkeypatch.undo()
+        assert be.rebuilds == built + 1
+        built = be.rebuilds
+        scale = float(G_all.abs().max())
+        torch.testing.assert_close(G, G_all, rtol=0, atol=1e-6 * scale)
+        torch.testing.assert_close(marg, marg_all, rtol=0, atol=1e-7)

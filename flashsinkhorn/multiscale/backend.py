@@ -157,17 +157,27 @@ class MultiscaleBackend(Backend):
         return lse, (None if out is None else out.reshape(B, lr.N, -1))
 
     def _plan(self, rows, cols, row_pot, col_pot, eps):
-        """Layouts, sorted potentials and a pattern of the plan (row_pot, col_pot)."""
+        """Layouts, sorted potentials and the (rowptr, cols) CSR of a pattern of the plan
+        (row_pot, col_pot) with its rows' tiles as keys: the solve's pattern when its bound of
+        the skipped mass at these potentials is within the budget (the gradient after a
+        converged solve: no rebuild, and no second pattern in memory), else a new one."""
         lr, lc = self.layout(rows), self.layout(cols)
         rs, cs = lr.sort(row_pot), lc.sort(col_pot)
+        orient = self._orientation(rows, cols)
+        pat = self.pattern
+        if orient is not None and pat is not None and pat.eps == eps:
+            lx, ly = (lr, lc) if orient == "xy" else (lc, lr)
+            f, g = (rs, cs) if orient == "xy" else (cs, rs)
+            if bool((pat.skipped_bound(lx, ly, f, g, eps) <= self.budget).all()):
+                return lr, lc, rs, cs, pat.csr[orient]
         pat = self._build(lr, lc, rs, cs, eps, rows.x is cols.x)
-        return lr, lc, rs, cs, pat
+        return lr, lc, rs, cs, pat.csr["xy"]
 
     def transport_grad(self, rows, cols, row_pot, col_pot, eps, precision):
-        """(2 (diag(â) x − P y), â) on the plan restricted to a pattern built for these
-        potentials (its skipped mass is below the budget)."""
-        lr, lc, rs, cs, pat = self._plan(rows, cols, row_pot, col_pot, eps)
-        lse, bary = self._lse(lr, lc, cs, eps, pat.csr["xy"], bary=True)
+        """(2 (diag(â) x − P y), â) on the plan restricted to a pattern whose skipped mass at
+        these potentials is below the budget (:meth:`_plan`)."""
+        lr, lc, rs, cs, csr = self._plan(rows, cols, row_pot, col_pot, eps)
+        lse, bary = self._lse(lr, lc, cs, eps, csr, bary=True)
         marg = torch.exp(rs / eps + lr.logw + lse)  # â_i = a_i exp(f_i/eps + L_i)
         marg = torch.nan_to_num(marg, nan=0.0)
         d = rows.x.shape[-1]
@@ -176,9 +186,9 @@ class MultiscaleBackend(Backend):
         return lr.unsort(grad).to(rows.sq.dtype), lr.unsort(marg)
 
     def transport(self, rows, cols, row_pot, col_pot, eps, V, A, Bw, precision):
-        """(P ∘ A Bwᵀ) V and P 1 on the plan restricted to a pattern of these potentials
-        (torch operations)."""
-        lr, lc, rs, cs, pat = self._plan(rows, cols, row_pot, col_pot, eps)
+        """(P ∘ A Bwᵀ) V and P 1 on the plan restricted to a pattern whose skipped mass at these
+        potentials is below the budget (torch operations)."""
+        lr, lc, rs, cs, csr = self._plan(rows, cols, row_pot, col_pot, eps)
         dtype = rows.sq.dtype
         vals = None
         if V is not None:
@@ -189,7 +199,7 @@ class MultiscaleBackend(Backend):
                 vals = (bw[..., :, None] * vals[..., None, :]).reshape(lr.B, lc.N, -1)
             vals = vals.reshape(-1, vals.shape[-1])
         hc = cs / eps + lc.logw
-        rowptr, cidx = pat.csr["xy"]
+        rowptr, cidx = csr
         xr, xc = lr.x.reshape(-1, 3), lc.x.reshape(-1, 3)
         lse, out = sparse_torch.sparse_lse(xr, xc, hc.reshape(-1), rowptr, cidx, eps, vals)
         lse = lse.reshape(lr.B, -1)

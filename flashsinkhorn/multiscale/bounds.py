@@ -175,8 +175,8 @@ class Pattern:
     """The tile pairs a soft-min visits, and the bound of the mass it skips.
 
     Attributes:
-        rows, cols: (P,) int64 global tile indices (problem · tiles + tile) of the kept pairs
-            (x tiles and y tiles of the problem the pattern was built for).
+        rows, cols: (P,) global tile indices (problem · tiles + tile) of the kept pairs (x tiles
+            and y tiles of the problem the pattern was built for); int32 where they fit.
         csr: {"xy": (rowptr, cols), "yx": (rowptr, rows)}: the kept pairs grouped by x tile
             and by y tile (int32, the kernels' format; the torch path reads them too).
         eps: the eps the pattern was built for.
@@ -243,7 +243,8 @@ class _Inside:
     """The ``size``² tile pairs inside each kept super pair (b, i, j), pair-major."""
 
     def __init__(self, b: torch.Tensor, i: torch.Tensor, j: torch.Tensor, size: int):
-        self.b, self.i, self.j, self.size = b, i, j, size
+        # int64: the tile indices below are formed (and scattered on) in this dtype
+        self.b, self.i, self.j, self.size = b.long(), i.long(), j.long(), size
         self.count = b.numel() * size * size
 
     def __call__(self, start: int, stop: int):
@@ -301,8 +302,9 @@ def _search(R: TileStats, C: TileStats, cand, eps: float, budget: float, B: int)
 
     Returns:
         (rows, cols, skipped, cut): the kept pairs' global row and column tile indices
-        (b · tiles + i), int64; the (B,) float64 exact sums of the skipped pairs' bounds
-        (<= ``budget``); the (B,) int64 first bin kept (pairs of smaller bins were skipped).
+        (b · tiles + i), int32 where they fit (else int64); the (B,) float64 exact sums of
+        the skipped pairs' bounds (<= ``budget``); the (B,) int64 first bin kept (pairs of
+        smaller bins were skipped).
     """
     dev = R.alpha.device
     Tr, Tc = R.alpha.shape[1], C.alpha.shape[1]
@@ -333,6 +335,9 @@ def _search(R: TileStats, C: TileStats, cand, eps: float, budget: float, B: int)
     cut = below.long().cumprod(1).sum(1)  # a prefix, whatever the scan's rounding
     skipped = torch.zeros(B, dtype=torch.float64, device=dev)
     rows, cols = [], []
+    # kept pairs as int32 where the tile indices fit: at 4M points 10⁸–10⁹ pairs are kept, and
+    # their index lists (here, in the pattern and its CSR copies) are most of its memory
+    idx = torch.int32 if B * max(Tr, Tc) < 2**31 else torch.int64
     for n, s in enumerate(starts):
         if n < len(cache):
             c, cache[n] = cache[n], None
@@ -343,9 +348,9 @@ def _search(R: TileStats, C: TileStats, cand, eps: float, budget: float, B: int)
         skip = (c.bin < cut[c.b]) & ~best
         skipped += torch.bincount(c.b[skip], torch.exp(c.lb[skip]), minlength=B)
         keep = ~skip
-        rows.append(c.b[keep] * Tr + c.i[keep])
-        cols.append(c.b[keep] * Tc + c.j[keep])
-    empty = torch.zeros(0, dtype=torch.int64, device=dev)
+        rows.append((c.b[keep] * Tr + c.i[keep]).to(idx))
+        cols.append((c.b[keep] * Tc + c.j[keep]).to(idx))
+    empty = torch.zeros(0, dtype=idx, device=dev)
     return torch.cat([empty, *rows]), torch.cat([empty, *cols]), skipped, cut
 
 
