@@ -112,6 +112,6 @@ def test_4m_runs_in_memory():
     peak = torch.cuda.max_memory_allocated() / 2**30
     print(f"4M: value {float(v.detach()):.6g}, peak {peak:.1f} GiB")
     assert math.isfinite(float(v.detach())) and torch.isfinite(xs.grad).all()
-    # 45.6 GiB measured on the H100 (the kept pairs' index lists of the forward's pattern and
-    # of the one the backward builds dominate); a regression guard, not a design bound
+    # 45.6 GiB measured on the H100 when the backward built a second pattern with int64
+    # index lists (now: the solve's int32 pattern is reused); a regression guard
     assert peak < 48, f"peak {peak:.1f} GiB"
