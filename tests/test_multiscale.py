@@ -376,6 +376,40 @@ def test_triton_sparse_kernel_matches_torch(bary, device):
         torch.testing.assert_close(St[fin], S[fin], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("shift", [-1e31, 1e31])
+def test_triton_sparse_kernel_far_scores(shift, device):
+    """Scores far below (or above) zero, as tiny eps gives them (|cost/eps| up to about
+    FLT_MAX/256 passes the float32 range checks), keep their rows alive next to massless
+    columns (padding): the kernel equals the torch block-sparse LSE."""
+    from flashsinkhorn.backends.triton.sparse import sparse_lse as tr_lse
+
+    lx, ly, hc, eps, rows, cols, rowptr, cidx = _pattern_case(n=150, m=130, dtype=torch.float32)
+    hc = hc[0] + shift
+    assert torch.isinf(hc).any()  # massless columns are visited
+    L, S = sparse_torch.sparse_lse(lx.x[0], ly.x[0], hc, rowptr, cidx, eps, ly.x[0])
+    dev = [t.to(device).contiguous() for t in (lx.x[0], ly.x[0], hc, rowptr, cidx)]
+    Lt, St = tr_lse(*dev, eps, True, TILE)
+    Lt, St = Lt.cpu(), St.cpu()
+    fin = torch.isfinite(L)
+    assert fin.any()
+    assert torch.equal(fin, torch.isfinite(Lt))
+    torch.testing.assert_close(Lt[fin], L[fin], rtol=1e-6, atol=0)
+    assert torch.isfinite(St).all()
+
+
+def test_triton_multiscale_tiny_eps_matches_torch(device):
+    """A float32 solve at an eps where the scores reach 1e31 (admitted by the range checks
+    without a tolerance) gives the torch block-sparse path's potentials through the kernel."""
+    x, y = _clouds(150, 130, d=3, seed=16, dtype=torch.float32)
+    x, y = x.to(device), y.to(device)
+    kw = dict(eps=1e-31, path="multiscale", tol=None, n_iters=3)
+    ref = fs.sinkhorn(x, y, backend="torch", **kw)
+    got = fs.sinkhorn(x, y, backend="triton", **kw)
+    assert torch.isfinite(got.f).all() and torch.isfinite(got.g).all()
+    torch.testing.assert_close(got.f.cpu(), ref.f.cpu(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(got.value.cpu(), ref.value.cpu(), rtol=1e-6, atol=0)
+
+
 # ----- solves -----
 
 

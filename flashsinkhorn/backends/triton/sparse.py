@@ -25,9 +25,11 @@ import triton.language as tl
 from ..._triton_launch import FP_FUSION, launch
 
 LOG2E = 1.4426950408889634
-#: Finite stand-in for the −inf bias of massless columns (base-2 scores): far below any real
-#: score (|z| < 2^100 by the range checks), far above −FLT_MAX so that sums stay finite.
-NEG = -1.0e30
+#: Initial running maximum of a score slot: the lowest finite float32. No finite score lies
+#: below it (the range checks admit scores up to about FLT_MAX/256 in size, so no smaller
+#: stand-in is safe), and as it is finite a massless column's −inf score only subtracts to
+#: −inf (weight 0), never −inf − −inf.
+NEG = -3.4028234663852886e38
 
 #: Launch configuration of the kernel (warps per program, software-pipelining stages).
 SPARSE_CONFIG = {"num_warps": 4, "num_stages": 3}
@@ -38,7 +40,7 @@ SPARSE_CONFIG = {"num_warps": 4, "num_stages": 3}
 def _lse_sparse_fwd_kernel(
     XR, XC, HC, ROWPTR, COLS, LSE, BARY,
     n_col, scale,
-    TILE: tl.constexpr, BARY_OUT: tl.constexpr, NEG: tl.constexpr = -1.0e30,
+    TILE: tl.constexpr, BARY_OUT: tl.constexpr, NEG: tl.constexpr = -3.4028234663852886e38,
 ):
     # XR: (R·TILE, 3) row points; XC: (3, n_col) column coordinates (one row per axis);
     # HC: (n_col,) column bias in base 2 (−inf: no mass); ROWPTR: (R + 1,) int32;
@@ -76,8 +78,9 @@ def _lse_sparse_fwd_kernel(
         b_e0 = tl.load(XC + o_c) - b_o0
         b_e1 = tl.load(XC + n_col + o_c) - b_o1
         b_e2 = tl.load(XC + 2 * n_col + o_c) - b_o2
-        # massless columns (−inf bias) become a finite NEG: no −inf − −inf below
-        b_h = tl.maximum(tl.load(HC + o_c), NEG) - (b_e0 * b_e0 + b_e1 * b_e1 + b_e2 * b_e2) * scale
+        # massless columns keep their −inf bias: the slot maxima stay finite (NEG at first),
+        # so their difference is −inf and the weight 0
+        b_h = tl.load(HC + o_c) - (b_e0 * b_e0 + b_e1 * b_e1 + b_e2 * b_e2) * scale
         # (TILE, TILE) base-2 scores without the row constant
         b_z = b_h[None, :] + b_q0[:, None] * b_e0[None, :]
         b_z = b_z + b_q1[:, None] * b_e1[None, :]
@@ -95,8 +98,8 @@ def _lse_sparse_fwd_kernel(
     m_row = tl.max(b_m, 1)
     b_w = tl.exp2(b_m - m_row[:, None])
     l_row = tl.sum(b_l * b_w, 1)
-    # a row that met only massless columns (or nothing) has m_row <= NEG: no mass
-    live = m_row > 0.5 * NEG
+    # a row that met only massless columns (or nothing) has a zero sum: no mass
+    live = l_row > 0.0
     b_lse = (m_row + tl.log2(tl.where(live, l_row, 1.0)) + b_rc) * 0.6931471805599453
     tl.store(LSE + o_r, tl.where(live, b_lse, float("-inf")))
     if BARY_OUT:
