@@ -77,7 +77,8 @@ def _lse_sparse_fwd_kernel(
         o_c = tl.load(COLS + k).to(tl.int64) * TILE + o_t
         b_e0 = tl.load(XC + o_c) - b_o0
         b_e1 = tl.load(XC + n_col + o_c) - b_o1
-        b_e2 = tl.load(XC + 2 * n_col + o_c) - b_o2
+        # (n_col added twice, not 2 · n_col: that product is int32 and overflows from 2^30)
+        b_e2 = tl.load(XC + n_col + n_col + o_c) - b_o2
         # massless columns keep their −inf bias: the slot maxima stay finite (NEG at first),
         # so their difference is −inf and the weight 0
         b_h = tl.load(HC + o_c) - (b_e0 * b_e0 + b_e1 * b_e1 + b_e2 * b_e2) * scale
