@@ -148,19 +148,23 @@ def test_forward_reciprocal_schemes(device, monkeypatch, pair):
     assert any(key[-1] is pair for key in sk_triton._FWD_LAUNCH)
 
 
-def _small_launches(m, g, variant, eps):
-    """The small path's forward and backward through sk_triton, and the same kernels launched
-    the normal way (``kernel[grid](...)``) with the launchers' compile-time arguments."""
+def _small_launches(m, g, variant, eps, backward=True):
+    """The small path's forward (and backward) through sk_triton, and the same kernels
+    launched the normal way (``kernel[grid](...)``) with the launchers' compile-time
+    arguments; the backward's outputs are None without ``backward``."""
     from flashsinkhorn._triton_launch import cdiv
     from flashsinkhorn.mhc import sk_triton
 
     bsz = m.shape[0]
     p = sk_triton.sk_forward_triton(m, 20, variant, eps)
-    dm = sk_triton.sk_backward_triton(m, g, 20, variant, eps)
     fwd, block = sk_triton._small_fwd_launch(4, 20, variant, m)
-    bwd, bblock = sk_triton._small_bwd_launch(4, 20, variant, m)
-    p_ref, dm_ref = torch.empty_like(m), torch.empty_like(m)
+    p_ref = torch.empty_like(m)
     fwd.kernel[(cdiv(bsz, block),)](m, p_ref, bsz, float(eps), **fwd.meta)
+    if not backward:
+        return (p, None), (p_ref, None), (fwd,)
+    dm = sk_triton.sk_backward_triton(m, g, 20, variant, eps)
+    bwd, bblock = sk_triton._small_bwd_launch(4, 20, variant, m)
+    dm_ref = torch.empty_like(m)
     bwd.kernel[(cdiv(bsz, bblock),)](m, g, dm_ref, bsz, float(eps), **bwd.meta)
     return (p, dm), (p_ref, dm_ref), (fwd, bwd)
 
@@ -198,9 +202,11 @@ def test_gpu_direct_launch_equals_normal_launch(monkeypatch, dtype, variant, eps
         return real(self, *args)
 
     monkeypatch.setattr(DirectLaunch, "_launch_and_adopt", counting)
-    # each signature compiles its own forward and backward (seconds each): one batch size
-    # per specialisation, the misaligned address once
+    # each signature compiles its own kernels: one batch size per specialisation of the
+    # forward; the backward (tens of seconds to compile a signature) at an aligned and a
+    # misaligned address
     for bsz, offset in ((1, 0), (16, 0), (17, 0), (2**16 + 3, 0), (17, 1)):
+        backward = bsz == 17
         x = _logits((bsz, 4, 4), seed=bsz).to(dtype)
         buf = torch.empty(bsz * 16 + offset, dtype=dtype, device="cuda")
         m = buf[offset:].view(bsz, 4, 4)
@@ -208,13 +214,13 @@ def test_gpu_direct_launch_equals_normal_launch(monkeypatch, dtype, variant, eps
         assert (m.data_ptr() % 16 == 0) == (offset == 0)
         g = torch.randn(m.shape, generator=torch.Generator().manual_seed(bsz))
         g = g.to(dtype).cuda()
-        _small_launches(m, g, variant, eps)
+        _small_launches(m, g, variant, eps, backward)
         n_adopted = len(adopted)
-        (p, dm), (p_ref, dm_ref), launchers = _small_launches(m, g, variant, eps)
+        (p, dm), (p_ref, dm_ref), launchers = _small_launches(m, g, variant, eps, backward)
         torch.cuda.synchronize()
         assert len(adopted) == n_adopted, "the second call did not launch directly"
         assert all(dl.enabled for dl in launchers)
         assert torch.equal(p, p_ref), (bsz, offset)
-        assert torch.equal(dm, dm_ref), (bsz, offset)
+        assert not backward or torch.equal(dm, dm_ref), (bsz, offset)
     # one adoption per signature: bsz == 1, 16, others; aligned or not
     assert len(set(adopted)) == len(adopted)
