@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The multiscale run on the GPU machine (see bench/README.md and docs/multiscale.md).
+#
+#   bash bench/gpu_multiscale.sh          # into ./out
+#   OUT=/some/dir bash bench/gpu_multiscale.sh
+#
+# Stages (each under its own time limit, the whole within about 9 minutes on an H100):
+#   1. pytest -m gpu tests/test_gpu_multiscale.py  -> $OUT/gpu_multiscale_tests.log
+#      (the 4M case takes about 70 s)
+#   2. bench_multiscale.py, both shapes, n = 100k and 1M, eps = (0.01·D)², with
+#      flash-sinkhorn where its predicted time fits PEER_BUDGET_S
+#                                                  -> $OUT/multiscale_<gpu>.json, .log
+# Environment: OUT (default ./out), SKIP_TESTS=1, SIZES (default 100000,1000000),
+# PEER_BUDGET_S (default 60).
+# Wheels for the packages the machine lacks (flash-sinkhorn, ...) are carried in .whl/ and
+# installed into /tmp/site, as in bench/gpu.sh.
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+OUT="${OUT:-./out}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl
+    export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+else
+    echo "warning: no wheels in .whl/ (flash-sinkhorn will be missing)" >&2
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+
+if [[ "${SKIP_TESTS:-0}" != "1" ]]; then
+    echo "=== gpu tests (tests/test_gpu_multiscale.py)"
+    timeout 200 python3 -m pytest -q -s -p no:cacheprovider -m gpu -rf \
+        tests/test_gpu_multiscale.py 2>&1 | tee "$OUT/gpu_multiscale_tests.log"
+    echo "gpu tests exit code: ${PIPESTATUS[0]} (124 = timed out)"
+fi
+
+echo "=== bench_multiscale.py"
+timeout 330 python3 bench/bench_multiscale.py --out "$OUT" --shapes surfaces,gmm_shell \
+    --eps-factors 0.01 --sizes "${SIZES:-100000,1000000}" --reps 2 --dense-budget 30 \
+    --peer-budget "${PEER_BUDGET_S:-60}" 2>&1 | tee "$OUT/multiscale_bench.log" \
+    | grep -v Warning | cut -c1-240
+echo "bench exit code: ${PIPESTATUS[0]} (124 = timed out)"
