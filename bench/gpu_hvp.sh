@@ -24,14 +24,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 SECONDS=0
 
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl
-    export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-else
-    echo "warning: no wheels in .whl/ (flash-sinkhorn will be missing)" >&2
-    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-fi
+source bench/gpu_env.sh
 
 echo "=== versions"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true

@@ -21,14 +21,7 @@ OUT="${OUT:-./out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl
-    export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-else
-    echo "warning: no wheels in .whl/ (flash-sinkhorn will be missing)" >&2
-    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-fi
+source bench/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 
 if [[ "${SKIP_TESTS:-0}" != "1" ]]; then
