@@ -181,11 +181,14 @@ def test_layout_on_a_gpu(monkeypatch, n, rows):
         assert -(-programs // slots) * tpc <= 1.15 * B * pairs * t_pair / slots
 
 
+@pytest.mark.parametrize("split", [None, 2])
 @pytest.mark.parametrize("offset", [8.0, -8.0])
-def test_out_of_range_sums_fall_back_to_online_lse(device, monkeypatch, offset):
+def test_out_of_range_sums_fall_back_to_online_lse(device, monkeypatch, offset, split):
     """A potential far above (overflow) or below (underflow) the balanced one: the guarded
     online-LSE step must redo the step (its kernel is the two-sweep step's, so equal to the
-    single sweep's up to how the compiler contracts the same code)."""
+    single sweep's up to how the compiler contracts the same code), also with its columns
+    split and merged by the guarded combine launch."""
+    monkeypatch.setattr(TUNING, "softmin_split", split)
     eps = 0.05
     p = _self_problem(2, 45, 5, device, seed=3)
     p64 = _self_problem(2, 45, 5, "cpu", seed=3, dtype=F64)

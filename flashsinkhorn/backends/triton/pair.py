@@ -15,16 +15,16 @@ import triton
 import triton.language as tl
 
 from ..._triton_launch import FP_FUSION, cdiv, launch
-from .configs import COMBINE_BLOCK, lse_config
+from .configs import lse_config
 from .operands import cost_args, is_half, operands
 from .softmin import (
     SOFTMIN_DYNAMIC,
-    _lse_combine_kernel,
     _softmin_rows,
+    combine_sides,
     expansion_args,
+    pair_chunks,
     partials,
 )
-from .split import pair_split
 
 PAIR_DYNAMIC = SOFTMIN_DYNAMIC + [
     "n_r1", "n_c1", "n_r2", "n_c2", "n_blocks_1", "cps_1", "cps_2", "s_r1b", "s_r1n",
@@ -118,11 +118,7 @@ def pair_step(first: tuple, second: tuple, eps: float, alpha: float, want_raw: b
     nb1 = cdiv(n1, cfg.block_m)
     n_blocks = nb1 + cdiv(n2, cfg.block_m)
     large = eps >= R1.large_eps
-    if large:
-        # the large-eps sums are not merged across column chunks (softmin.softmin)
-        split, cps1, cps2 = 1, m1, m2
-    else:
-        split, cps1, cps2 = pair_split(n_blocks * B, m1, m2, cfg.block_n, R1.x.device)
+    split, cps1, cps2 = pair_chunks(large, n_blocks * B, m1, m2, cfg.block_n, R1.x.device)
     pm1, ps1 = partials(split, R1.sq)
     pm2, ps2 = partials(split, R2.sq)
     cost = cost_args(R1, C1)[0]
@@ -145,13 +141,8 @@ def pair_step(first: tuple, second: tuple, eps: float, alpha: float, want_raw: b
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **FP_FUSION,
     )  # fmt: skip
     if split > 1:
-        nbx = cdiv(n1, COMBINE_BLOCK)
-        nb = nbx + cdiv(n2, COMBINE_BLOCK)
-        launch(_lse_combine_kernel, (nb, B),
-            pm1, ps1, R1.sq, old1, out1, raw1, pm2, ps2, R2.sq, old2, out2, raw2,
-            old1, 0,
-            n1, n2, nbx, split, old1.stride(0), old2.stride(0), B * n1, B * n2,
-            float(eps), float(alpha), float(beta_1), float(beta_2),
-            BLOCK=COMBINE_BLOCK, WRITE_RAW=want_raw, COST=cost, **FP_FUSION,
+        combine_sides(
+            (pm1, ps1, R1.sq, old1, out1, raw1), (pm2, ps2, R2.sq, old2, out2, raw2),
+            split, eps, alpha, beta_1, beta_2, want_raw, cost,
         )  # fmt: skip
     return (out1, raw1 if want_raw else None), (out2, raw2 if want_raw else None)

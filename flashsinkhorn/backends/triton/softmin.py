@@ -292,19 +292,42 @@ def _lse_combine_kernel(
 
 
 # fmt: on
+def combine_sides(
+    first, second, split, eps, alpha, beta_1, beta_2, want_raw, cost=kernel_costs.SQEUCLIDEAN,
+    guard=None, first_only=False,
+):  # fmt: skip
+    """Merges the partial (max, sum) of the two sides of a split sweep and applies the
+    epilogue. ``first``, ``second``: ``(pmax, psum, sq, old, out, raw)`` of each side;
+    ``guard``: a float32 device flag (the launch does nothing unless it is non-zero);
+    ``first_only``: merge the first side only (the second's slots are not read)."""
+    sq1, sq2 = first[2], second[2]
+    B, n1 = sq1.shape
+    n2 = sq2.shape[1]
+    nb1 = cdiv(n1, COMBINE_BLOCK)
+    nb = nb1 if first_only else nb1 + cdiv(n2, COMBINE_BLOCK)
+    launch(_lse_combine_kernel, (nb, B),
+        *first, *second, sq1 if guard is None else guard, 0 if guard is None else 1,
+        n1, n2, nb1, split, sq1.stride(0), sq2.stride(0), B * n1, B * n2,
+        float(eps), float(alpha), float(beta_1), float(beta_2),
+        BLOCK=COMBINE_BLOCK, WRITE_RAW=want_raw, COST=cost, **FP_FUSION,
+    )  # fmt: skip
+
+
 def combine_one_side(
     pmax, psum, sq, old, out, raw, split, eps, alpha, beta, want_raw, cost=kernel_costs.SQEUCLIDEAN
 ):  # fmt: skip
     """Merges the partial (max, sum) of a split single-side sweep and applies the epilogue."""
-    B, n = sq.shape
-    nb = cdiv(n, COMBINE_BLOCK)
-    # The y-side slots repeat the x side; n_blocks_x = nb routes every program to it.
-    args = (pmax, psum, sq, old, out, raw)
-    launch(_lse_combine_kernel, (nb, B),
-        *args, *args, sq, 0, n, n, nb, split, sq.stride(0), sq.stride(0), B * n, B * n,
-        float(eps), float(alpha), float(beta), float(beta),
-        BLOCK=COMBINE_BLOCK, WRITE_RAW=want_raw, COST=cost, **FP_FUSION,
-    )  # fmt: skip
+    side = (pmax, psum, sq, old, out, raw)
+    combine_sides(side, side, split, eps, alpha, beta, beta, want_raw, cost, first_only=True)
+
+
+def pair_chunks(large: bool, n_programs: int, m1: int, m2: int, block_n: int, device):
+    """(number of column chunks, columns per chunk of each side) of one grid of two sweeps
+    over m1 and m2 columns; one chunk at large eps, whose sums are not merged across chunks
+    (:func:`softmin`)."""
+    if large:
+        return 1, m1, m2
+    return pair_split(n_programs, m1, m2, block_n, device)
 
 
 def partials(split: int, like: torch.Tensor):
@@ -397,7 +420,8 @@ def step_outputs(f, g, want_raw):
 
 
 def symmetric_step(
-    X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, out=None, guard=None
+    X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, out=None, guard=None,
+    x_only=False,
 ):  # fmt: skip
     """Launches both half-steps of a symmetric iteration in one grid (plus one merge launch
     when the columns are split).
@@ -405,6 +429,8 @@ def symmetric_step(
     ``out``: the four output tensors of :func:`step_outputs` to write (default: new ones).
     ``guard``: a float32 device flag; the launches then do nothing unless it is non-zero (the
     fallback of the plan step, plan.py).
+    ``x_only``: launch the x side's programs only: for a self problem (Y is X, g is f) the y
+    side would repeat them (the fallback of the triangular self step, plan_self.py).
     """
     B, n, d = X.x.shape
     m = Y.x.shape[1]
@@ -414,15 +440,11 @@ def symmetric_step(
     guarded = 0 if guard is None else 1
     guard = f if guard is None else guard
     n_blocks_x = cdiv(n, cfg.block_m)
-    n_blocks = n_blocks_x + cdiv(m, cfg.block_m)
+    n_blocks = n_blocks_x if x_only else n_blocks_x + cdiv(m, cfg.block_m)
     large = eps >= X.large_eps
-    if large:
-        # the large-eps sums are not merged across column chunks (softmin above)
-        split, cps_x, cps_y = 1, m, n
-    else:
-        split, cps_x, cps_y = pair_split(n_blocks * B, m, n, cfg.block_n, X.x.device)
+    split, cps_x, cps_y = pair_chunks(large, n_blocks * B, m, n, cfg.block_n, X.x.device)
     pfmax, pfsum = partials(split, f)
-    pgmax, pgsum = partials(split, g)
+    pgmax, pgsum = (pfmax, pfsum) if x_only else partials(split, g)
     cost, labels, xlab, ylab, xlc, n_lab, lscale = cost_args(X, Y)
     ylc = cost_args(Y, X)[4] if labels else xlc
     if large:
@@ -445,14 +467,10 @@ def symmetric_step(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **FP_FUSION,
     )  # fmt: skip
     if split > 1:
-        nbx = cdiv(n, COMBINE_BLOCK)
-        nb = nbx + cdiv(m, COMBINE_BLOCK)
-        launch(_lse_combine_kernel, (nb, B),
-            pfmax, pfsum, X.sq, f, f_new, f_raw, pgmax, pgsum, Y.sq, g, g_new, g_raw,
-            guard, guarded,
-            n, m, nbx, split, f.stride(0), g.stride(0), B * n, B * m,
-            float(eps), float(alpha), float(beta_x), float(beta_y),
-            BLOCK=COMBINE_BLOCK, WRITE_RAW=want_raw, COST=cost, **FP_FUSION,
+        combine_sides(
+            (pfmax, pfsum, X.sq, f, f_new, f_raw), (pgmax, pgsum, Y.sq, g, g_new, g_raw),
+            split, eps, alpha, beta_x, beta_y, want_raw, cost,
+            guard=guard if guarded else None, first_only=x_only,
         )  # fmt: skip
     if want_raw:
         return f_new, g_new, f_raw, g_raw
