@@ -26,7 +26,14 @@ from . import softmin, sums
 from .configs import FINISH_BLOCK, FINISH_PARTS, GROUPS_PER_SM, interpreting, plan_config
 from .operands import is_half, operands
 from .split import chunk, sm_count, split_for
-from .tiles import SQEUCLIDEAN, col_bias, cost_scores, load_parts, score_tile, softmin_epilogue
+from .tiles import (
+    SQEUCLIDEAN,
+    col_bias,
+    cost_scores,
+    plan_row_block,
+    score_tile,
+    softmin_epilogue,
+)
 
 _DYNAMIC = [
     "n_x",
@@ -65,23 +72,11 @@ def _plan_rows(
 ):  # fmt: skip
     # One x-row block against one column chunk: its row sums to Prow, its column sums added to
     # the group's row of the column partials (written when i_m is the group's first block).
-    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_m = o_m < n_x
-    o_d = tl.arange(0, BLOCK_D)
-    p_r = X + i_b64 * s_xb + o_m.to(tl.int64)[:, None] * s_xn + o_d[None, :]
+    o_m, m_m, o_d, p_r, m_dd, b_r, b_rl, b_u, b_rsq = plan_row_block(
+        X, Xsq, U, i_b64, i_m, n_x, d, s_xb, s_xn, s_fb,
+        BLOCK_M, BLOCK_D, D_TILES, PRECISION, COST, EVEN_D,
+    )  # fmt: skip
     p_c0 = Y + i_b64 * s_yb
-    # EVEN_D (d == BLOCK_D): no feature mask, so the tile loads stay vectorised.
-    m_dd = (o_d < BLOCK_D) if EVEN_D else (o_d < d)
-    b_r = tl.zeros([BLOCK_M, BLOCK_D], X.dtype.element_ty)  # placeholder when D_TILES > 1
-    b_rl = b_r
-    if D_TILES == 1:
-        b_r, b_rl = load_parts(p_r, m_m[:, None] & m_dd[None, :], d, PRECISION)
-    # Biases of the plan's exponent (u: rows, v: columns), formed once per step by
-    # _plan_bias_kernel: one load per column instead of three and their arithmetic.
-    b_u = tl.load(U + i_b64 * n_x + o_m, mask=m_m, other=float("-inf"))
-    b_rsq = tl.zeros([BLOCK_M], tl.float32)
-    if COST != SQEUCLIDEAN:
-        b_rsq = tl.load(Xsq + i_b64 * s_fb + o_m, mask=m_m, other=0.0)
     b_sum = tl.zeros([BLOCK_M], tl.float32)
     col_start = i_s * cols_per_split
     col_stop = tl.minimum(col_start + cols_per_split, n_y)

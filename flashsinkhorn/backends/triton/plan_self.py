@@ -22,11 +22,11 @@ from ...problem import Side
 from ...tuning import TUNING
 from ..kernel_costs import cost_id
 from . import configs, softmin, sums
-from .configs import COMBINE_BLOCK, FINISH_BLOCK, FINISH_PARTS, lse_config, self_plan_config
-from .operands import cost_args, is_half, operands
+from .configs import FINISH_BLOCK, FINISH_PARTS, self_plan_config
+from .operands import is_half, operands
 from .plan import _plan_finish_rows, _reset_flag
-from .split import plan_split, sm_count, split_count
-from .tiles import SQEUCLIDEAN, col_bias, cost_scores, load_parts, score_tile
+from .split import sm_count, split_count
+from .tiles import SQEUCLIDEAN, col_bias, cost_scores, plan_row_block, score_tile
 
 _DYNAMIC = [
     "n",
@@ -82,21 +82,11 @@ def _self_block(
     # The previous block's stores to p_part must be visible to every thread that reads them
     # back (a reduced vector's owner may differ between loads and stores).
     tl.debug_barrier()
-    o_m = i_r * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_m = o_m < n
-    o_d = tl.arange(0, BLOCK_D)
-    p_r = X + i_b64 * s_xb + o_m.to(tl.int64)[:, None] * s_xn + o_d[None, :]
+    o_m, m_m, o_d, p_r, m_dd, b_r, b_rl, b_u, b_rsq = plan_row_block(
+        X, Xsq, U, i_b64, i_r, n, d, s_xb, s_xn, s_fb,
+        BLOCK_M, BLOCK_D, D_TILES, PRECISION, COST, EVEN_D,
+    )  # fmt: skip
     p_c0 = X + i_b64 * s_xb
-    # EVEN_D (d == BLOCK_D): no feature mask, so the tile loads stay vectorised.
-    m_dd = (o_d < BLOCK_D) if EVEN_D else (o_d < d)
-    b_r = tl.zeros([BLOCK_M, BLOCK_D], X.dtype.element_ty)  # placeholder when D_TILES > 1
-    b_rl = b_r
-    if D_TILES == 1:
-        b_r, b_rl = load_parts(p_r, m_m[:, None] & m_dd[None, :], d, PRECISION)
-    b_u = tl.load(U + i_b64 * n + o_m, mask=m_m, other=float("-inf"))
-    b_rsq = tl.zeros([BLOCK_M], tl.float32)
-    if COST != SQEUCLIDEAN:
-        b_rsq = tl.load(Xsq + i_b64 * s_fb + o_m, mask=m_m, other=0.0)
     # NULLS: zero-weight points carry a finite bias (their weight left out) so that their own
     # rows get their sums; their entries are kept out of every other point's sum here.
     b_live_r = m_m
@@ -364,34 +354,8 @@ def _self_step(X, f, eps, alpha, beta, want_raw, precision, phase):
 def guarded_softmin(X: Side, f, eps, alpha, beta, want_raw, precision, out, raw, guard):
     """The online-LSE self step ``alpha · f + beta · T(f)`` into ``out`` (and T(f) into ``raw``
     when ``want_raw``), launched so that it does nothing unless the float32 device flag
-    ``guard`` is non-zero: the x side of the guarded two-sweep launches (softmin.py)."""
-    B, n, d = X.x.shape
-    xx, _, dot_scale, prec = operands(X, X, precision)
-    cfg = lse_config(d, is_half(xx, prec))
-    nbx = cdiv(n, cfg.block_m)
-    split, cps = plan_split(nbx * B, n, cfg.block_n, X.x.device)
-    pmax, psum = softmin.partials(split, f)
-    cost, labels, lab, _, lcost, n_lab, lscale = cost_args(X, X)
-    # Grid over the x-side programs only: the y-side arguments repeat the x side's.
-    launch(softmin._softmin_sym_kernel, (nbx, B, split),
-        xx, xx, X.sq, X.sq, X.logw, X.logw, f, f, out, out, raw, raw,
-        pmax, psum, pmax, psum, lab, lab, lcost, lcost,
-        f, f, f, f, f, f, guard, 1,
-        n, n, d, nbx, cps, cps, split, n_lab,
-        xx.stride(0), xx.stride(1), xx.stride(0), xx.stride(1), f.stride(0), f.stride(0),
-        B * n, B * n,
-        float(eps), float(alpha), float(beta), float(beta), float(dot_scale),
-        float(X.sq_floor), lscale,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
-        PRECISION=prec, WRITE_RAW=want_raw, COST=cost, LABELS=labels,
-        EVEN_D=d == cfg.block_d and cfg.d_tiles == 1, LARGE=False,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **FP_FUSION,
+    ``guard`` is non-zero: the symmetric step of (X, X) with the x side's programs only."""
+    softmin.symmetric_step(
+        X, X, f, f, eps, alpha, beta, beta, want_raw, precision, out=(out, out, raw, raw),
+        guard=guard, x_only=True,
     )  # fmt: skip
-    if split > 1:
-        nb = cdiv(n, COMBINE_BLOCK)
-        launch(softmin._lse_combine_kernel, (nb, B),
-            pmax, psum, X.sq, f, out, raw, pmax, psum, X.sq, f, out, raw, guard, 1,
-            n, n, nb, split, f.stride(0), f.stride(0), B * n, B * n,
-            float(eps), float(alpha), float(beta), float(beta),
-            BLOCK=COMBINE_BLOCK, WRITE_RAW=want_raw, COST=cost, **FP_FUSION,
-        )  # fmt: skip

@@ -36,6 +36,33 @@ def load_parts(p_t, m_t, d, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def plan_row_block(
+    X, Xsq, U, i_b64, i_m, n_x, d, s_xb, s_xn, s_fb,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, D_TILES: tl.constexpr,
+    PRECISION: tl.constexpr, COST: tl.constexpr, EVEN_D: tl.constexpr,
+):  # fmt: skip
+    # What a plan sweep keeps of row block i_m for its whole column loop: offsets and masks,
+    # the row tile on chip (D_TILES == 1; else a placeholder, score_tile streams it), the row
+    # bias u of the plan's exponent (formed once per step by the bias kernel: one load per row
+    # instead of three and their arithmetic) and, for costs that need them, the squared norms.
+    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_m = o_m < n_x
+    o_d = tl.arange(0, BLOCK_D)
+    p_r = X + i_b64 * s_xb + o_m.to(tl.int64)[:, None] * s_xn + o_d[None, :]
+    # EVEN_D (d == BLOCK_D): no feature mask, so the tile loads stay vectorised.
+    m_dd = (o_d < BLOCK_D) if EVEN_D else (o_d < d)
+    b_r = tl.zeros([BLOCK_M, BLOCK_D], X.dtype.element_ty)
+    b_rl = b_r
+    if D_TILES == 1:
+        b_r, b_rl = load_parts(p_r, m_m[:, None] & m_dd[None, :], d, PRECISION)
+    b_u = tl.load(U + i_b64 * n_x + o_m, mask=m_m, other=float("-inf"))
+    b_rsq = tl.zeros([BLOCK_M], tl.float32)
+    if COST != SQEUCLIDEAN:
+        b_rsq = tl.load(Xsq + i_b64 * s_fb + o_m, mask=m_m, other=0.0)
+    return o_m, m_m, o_d, p_r, m_dd, b_r, b_rl, b_u, b_rsq
+
+
+@triton.jit
 def _score_dot(b_r, b_rl, b_c, b_cl, b_acc, PRECISION: tl.constexpr):
     # b_acc + r·cᵀ for one tile. "f16x3": hi·hi + hi·lo + lo·hi of the split parts, the small
     # products first; the float16 products are exact and accumulate in fp32 (docs/kernels.md).
