@@ -11,6 +11,8 @@ import torch
 
 import flashsinkhorn as fs
 
+from .multiscale_cases import mixture_and_shell, torch_and_kernel_paths
+
 pytestmark = pytest.mark.gpu
 
 DEV = "cuda"
@@ -19,35 +21,18 @@ FP32_AGREEMENT = 2e-2
 
 
 def _gmm_shell(n, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    centres = torch.rand(8, 3, generator=g) * 2 - 1
-    lab = torch.randint(0, 8, (n,), generator=g)
-    x = centres[lab] + 0.1 * torch.randn(n, 3, generator=g)
-    s = torch.randn(n, 3, generator=g)
-    s = s / s.norm(dim=1, keepdim=True)
-    y = s * (1.0 + 0.05 * torch.randn(n, 1, generator=g))
-    pts = torch.cat([x, y])
-    diam = float((pts.amax(0) - pts.amin(0)).norm())
+    x, y, diam = mixture_and_shell(n, seed)
     return x.to(DEV), y.to(DEV), diam
 
 
 def test_kernel_matches_torch_path_on_gpu():
-    from flashsinkhorn.backends.torch_ref import TorchBackend
-    from flashsinkhorn.multiscale import MultiscaleBackend
     from flashsinkhorn.problem import prepare
 
     x, y, diam = _gmm_shell(20_000, seed=1)
     eps = (0.01 * diam) ** 2
     p = prepare(x, y, None, None, rho_x=None, rho_y=None, precision="ieee")
     ref = fs.sinkhorn(x, y, eps=eps, path="streaming", precision="ieee")
-    f, g = ref.solution.f, ref.solution.g
-    out = []
-    for kernel in (False, True):
-        be = MultiscaleBackend(TorchBackend(), p, 1e-3)
-        be.kernel = kernel
-        T, _ = be.softmin(p.X, p.Y, g, eps, f, 0.0, 1.0, True, "ieee")
-        G, marg = be.transport_grad(p.X, p.Y, f, g, eps, "ieee")
-        out.append((T, G, marg))
+    out = torch_and_kernel_paths(p, ref.solution.f, ref.solution.g, eps)
     (T0, G0, m0), (T1, G1, m1) = out
     torch.testing.assert_close(T1, T0, rtol=0, atol=1e-3 * eps)
     torch.testing.assert_close(m1, m0, rtol=1e-3, atol=1e-9)

@@ -14,6 +14,8 @@ from flashsinkhorn.multiscale import bounds, sparse_torch
 from flashsinkhorn.multiscale.bounds import build_pattern, pair_log_bound, tile_stats
 from flashsinkhorn.multiscale.clustering import SUPER, TILE, build_layout, cells
 
+from .multiscale_cases import torch_and_kernel_paths
+
 DT = torch.float64
 
 
@@ -623,8 +625,6 @@ def test_auto_rule():
 def test_backend_kernel_path_matches_torch_path(device):
     """The backend's soft-min and envelope gradient through ``_lse_sparse_fwd_kernel``
     (interpreter) equal those of the torch block-sparse path, float32."""
-    from flashsinkhorn.backends.torch_ref import TorchBackend
-    from flashsinkhorn.multiscale import MultiscaleBackend
     from flashsinkhorn.problem import prepare
 
     x, y = _clouds(150, 130, d=3, seed=16, dtype=torch.float32)
@@ -632,14 +632,7 @@ def test_backend_kernel_path_matches_torch_path(device):
     p = prepare(x, y, None, None, rho_x=None, rho_y=None, precision="ieee")
     eps = 3e-3
     ref = fs.sinkhorn(x, y, eps=eps, backend="torch", tol=1e-4)
-    f, g = ref.solution.f, ref.solution.g
-    out = []
-    for kernel in (False, True):
-        be = MultiscaleBackend(TorchBackend(), p, 1e-3)
-        be.kernel = kernel
-        T, raw = be.softmin(p.X, p.Y, g, eps, f, 0.0, 1.0, True, "ieee")
-        G, marg = be.transport_grad(p.Y, p.X, g, f, eps, "ieee")
-        out.append((T, G, marg))
+    out = torch_and_kernel_paths(p, ref.solution.f, ref.solution.g, eps, grad_rows="y")
     (T0, G0, m0), (T1, G1, m1) = out
     torch.testing.assert_close(T1, T0, rtol=0, atol=1e-5)
     torch.testing.assert_close(m1, m0, rtol=1e-4, atol=1e-7)
