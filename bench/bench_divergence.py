@@ -78,6 +78,7 @@ if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
 from ttt.judge import marginal_error64  # noqa: E402
+from ttt.providers.flash_peer import fixed_samples_loss  # noqa: E402
 from ttt.providers.geomloss_peer import (  # noqa: E402
     GEOMLOSS_LADDER,
     ladder_iters,
@@ -218,19 +219,7 @@ def flash(s, device, mode, emit):
     xg = x.clone().requires_grad_(True)
     n = s["n"]
     w = torch.full((n,), 1.0 / n, device=device)
-    loss = fsk.SamplesLoss(
-        "sinkhorn",
-        p=2,
-        half_cost=False,
-        debias=True,
-        potentials=False,
-        use_epsilon_scaling=False,
-        eps=EPS,
-        n_iters=ITERS,
-        backend="alternating",
-        allow_tf32=True,
-        threshold=None,
-    )
+    loss = fixed_samples_loss(fsk, EPS, ITERS, debias=True)
     stats, (v, _) = time_calls(grad_step(lambda: loss(w, xg, w, y), xg), device)
     emit(
         {

@@ -20,6 +20,7 @@ Python.
 from __future__ import annotations
 
 import torch
+from ttt.providers.flash_peer import fixed_samples_loss
 
 from . import Options, Provider
 from ._timing import Timing, measure_first_call
@@ -53,22 +54,12 @@ class FlashSinkhornPeer(Provider):
             raise ValueError(
                 "flash-sinkhorn-sym needs iters >= 3 (1 init + n_iters + 1 extrapolation)"
             )
-        common = dict(
-            loss="sinkhorn",
-            p=2,
-            half_cost=False,
-            debias=False,
-            potentials=potentials,
-            use_epsilon_scaling=False,
-            eps=opts.eps,
-            allow_tf32=True,
-            threshold=None,
-        )
         if method.endswith("-sym"):
-            return fsk.SamplesLoss(
-                backend="symmetric", n_iters=opts.iters - 2, last_extrapolation=True, **common
-            )
-        return fsk.SamplesLoss(backend="alternating", n_iters=opts.iters, **common)
+            return fixed_samples_loss(
+                fsk, opts.eps, opts.iters - 2, backend="symmetric", potentials=potentials,
+                last_extrapolation=True,
+            )  # fmt: skip
+        return fixed_samples_loss(fsk, opts.eps, opts.iters, potentials=potentials)
 
     @staticmethod
     def _info(method: str, opts: Options) -> dict:

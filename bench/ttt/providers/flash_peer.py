@@ -11,6 +11,29 @@ from ..problems import Problem, to_device
 from ..timing import COST_FACTOR, Budget, time_calls
 
 
+def fixed_samples_loss(
+    fsk, eps: float, n_iters: int, *, backend: str = "alternating", debias: bool = False,
+    potentials: bool = False, tf32: bool = True, **extra,
+):  # fmt: skip
+    """flash-sinkhorn's ``SamplesLoss`` held to the benches' protocol: the full cost
+    ‖x − y‖² (``half_cost=False``: eps is the same number as ours), fixed eps
+    (no annealing), exactly ``n_iters`` of its iterations (no early stop)."""
+    return fsk.SamplesLoss(
+        "sinkhorn",
+        p=2,
+        half_cost=False,
+        debias=debias,
+        potentials=potentials,
+        use_epsilon_scaling=False,
+        eps=eps,
+        n_iters=n_iters,
+        backend=backend,
+        allow_tf32=tf32,
+        threshold=None,
+        **extra,
+    )
+
+
 def worker(p: Problem, device, budget: Budget, emit, refs) -> None:
     import flash_sinkhorn as fsk
 
@@ -25,19 +48,7 @@ def worker(p: Problem, device, budget: Budget, emit, refs) -> None:
     x, y, a, b = to_device(p, device)
 
     def make(k, tf32=True):
-        loss = fsk.SamplesLoss(
-            "sinkhorn",
-            p=2,
-            half_cost=False,
-            debias=False,
-            potentials=True,
-            use_epsilon_scaling=False,
-            eps=p.eps,
-            n_iters=k,
-            backend="alternating",
-            allow_tf32=tf32,
-            threshold=None,
-        )
+        loss = fixed_samples_loss(fsk, p.eps, k, potentials=True, tf32=tf32)
 
         def call():
             F, G = loss(a, x, b, y)
