@@ -77,6 +77,7 @@ BENCH = Path(__file__).resolve().parent
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
+from ttt.driver import pick  # noqa: E402
 from ttt.judge import marginal_error64  # noqa: E402
 from ttt.providers.flash_peer import fixed_samples_loss  # noqa: E402
 from ttt.providers.geomloss_peer import (  # noqa: E402
@@ -380,14 +381,8 @@ def main(argv=None) -> int:
     p.add_argument("--providers", default=",".join(PROVIDERS))
     p.add_argument("--modes", default="fixed,tol")
     args = p.parse_args(argv)
-    provs = [q for q in args.providers.split(",") if q]
-    modes = [q for q in args.modes.split(",") if q]
-    for q in provs:
-        if q not in RUN:
-            raise SystemExit(f"unknown provider {q!r}; choose from {', '.join(PROVIDERS)}")
-    for q in modes:
-        if q not in ("fixed", "tol"):
-            raise SystemExit(f"unknown mode {q!r}; choose from fixed, tol")
+    provs = pick(args.providers, PROVIDERS, "provider")
+    modes = pick(args.modes, ("fixed", "tol"), "mode")
     import torch
 
     missing = {q: missing_modules(q) for q in provs}

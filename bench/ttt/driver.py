@@ -114,15 +114,18 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def pick(csv: str, allowed, what: str) -> list[str]:
+    """The names of a comma-separated option, each checked against ``allowed``."""
+    names = [q for q in csv.split(",") if q]
+    for q in names:
+        if q not in allowed:
+            raise SystemExit(f"unknown {what} {q!r}; choose from {', '.join(allowed)}")
+    return names
+
+
 def driver_main(args) -> int:
-    cases = [c for c in args.cases.split(",") if c]
-    provs = [p for p in args.providers.split(",") if p]
-    for c in cases:
-        if c not in CASES:
-            raise SystemExit(f"unknown case {c!r}; choose from {', '.join(CASES)}")
-    for p in provs:
-        if p not in PROVIDERS:
-            raise SystemExit(f"unknown provider {p!r}; choose from {', '.join(PROVIDERS)}")
+    cases = pick(args.cases, CASES, "case")
+    provs = pick(args.providers, PROVIDERS, "provider")
     provs = [p for p in PROVIDERS if p in provs]  # flash-sinkhorn last
     out_dir = Path(args.out or os.environ.get("OUT") or BENCH / "results")
     out_dir.mkdir(parents=True, exist_ok=True)
