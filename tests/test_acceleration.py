@@ -15,17 +15,9 @@ from flashsinkhorn.options import ANDERSON_MIN_WORK, SinkhornOptions
 from flashsinkhorn.solvers.acceleration import OMEGA_START, AdaptiveOmega, Anderson
 from flashsinkhorn.solvers.objective import marginal_error
 
+from .clouds import weighted_clouds as _clouds
+
 PLAIN = dict(schedule="alternating", acceleration="none", scaling=None)
-
-
-def _clouds(n=37, m=29, d=3, B=None, seed=0, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    lead = () if B is None else (B,)
-    x = torch.rand(*lead, n, d, generator=g, dtype=dtype)
-    y = torch.rand(*lead, m, d, generator=g, dtype=dtype) * 0.8 + 0.3
-    a = torch.rand(*lead, n, generator=g, dtype=dtype) + 0.2
-    b = torch.rand(*lead, m, generator=g, dtype=dtype) + 0.2
-    return x, y, a / a.sum(-1, keepdim=True), b / b.sum(-1, keepdim=True)
 
 
 def _reference(x, y, a, b, eps, **kw):

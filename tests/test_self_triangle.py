@@ -14,6 +14,8 @@ from flashsinkhorn.backends.triton import configs, plan_self, softmin
 from flashsinkhorn.problem import prepare
 from flashsinkhorn.tuning import TUNING
 
+from .clouds import weighted_clouds
+
 F64 = torch.float64
 
 
@@ -232,16 +234,6 @@ def test_second_phase_shift(device, monkeypatch):
     _check_against_float64(out, lse, want)
 
 
-def _clouds(B, n, m, d, seed):
-    g = torch.Generator().manual_seed(seed)
-    lead = () if B is None else (B,)
-    x = torch.rand(*lead, n, d, generator=g, dtype=F64)
-    y = torch.rand(*lead, m, d, generator=g, dtype=F64) * 0.8 + 0.3
-    a = torch.rand(*lead, n, generator=g, dtype=F64) + 0.2
-    b = torch.rand(*lead, m, generator=g, dtype=F64) + 0.2
-    return x, y, a / a.sum(-1, keepdim=True), b / b.sum(-1, keepdim=True)
-
-
 @pytest.mark.parametrize(
     "B,n,m,rho", [(None, 37, 37, None), (2, 33, 33, 0.7), (None, 37, 29, None)]
 )
@@ -251,7 +243,7 @@ def test_divergence_value_and_gradient(device, monkeypatch, B, n, m, rho):
     kw = dict(eps=0.1, tol=None, n_iters=6, schedule="symmetric", scaling=None, rho_x=rho,
               rho_y=rho)  # fmt: skip
     # d > 32: where the backend takes the plan steps on CUDA too (plan.preferred)
-    x, y, a, b = _clouds(B, n, m, 40, seed=11)
+    x, y, a, b = weighted_clouds(n, m, 40, B=B, seed=11)
     ref_in = [t.clone().requires_grad_() for t in (x, y)]
     ref = fs.sinkhorn_divergence(ref_in[0], ref_in[1], a, b, backend="torch", **kw)
     ref_g = torch.autograd.grad(ref.sum(), ref_in)
@@ -324,7 +316,7 @@ def test_gpu_divergence_matches_torch(monkeypatch, d):
     """The bench's problem (uniform clouds, eps = 0.1, 10 iterations) at 4097 points: value
     and gradient against the torch backend in float64, never worse than with the online-LSE
     self steps, and no step from an iterate falls back."""
-    x, y, a, b = _clouds(None, 4097, 4097, d, seed=d)
+    x, y, a, b = weighted_clouds(4097, 4097, d, seed=d)
     kw = dict(eps=0.1, tol=None, n_iters=10, schedule="symmetric", scaling=None)
     ref_in = [t.cuda().requires_grad_() for t in (x, y)]
     ref = fs.sinkhorn_divergence(*ref_in, a.cuda(), b.cuda(), backend="torch", **kw)
@@ -360,7 +352,7 @@ def test_gpu_graphs_replay_the_triangle():
     from flashsinkhorn.options import SinkhornOptions
     from flashsinkhorn.solvers import blocks
 
-    x, y, a, b = (t.float().cuda() for t in _clouds(2, 3000, 3000, 64, seed=4))
+    x, y, a, b = (t.float().cuda() for t in weighted_clouds(3000, 3000, 64, B=2, seed=4))
     kw = dict(eps=0.1, tol=None, n_iters=10, schedule="symmetric", scaling=None)
     with tuning.override(solve_graphs=False):
         eager = fs.sinkhorn_divergence(x, y, a, b, **kw)
