@@ -11,30 +11,12 @@
 #   BENCH_ARGS       extra arguments for bench/run.py (e.g. "--quick" or "--precisions tf32,ieee")
 #   SKIP_TESTS=1     skip the gpu-marked tests
 # Wheels for the packages the machine lacks (geomloss, flash-sinkhorn, ott-jax, jaxopt) are
-# carried in .whl/ and installed into /tmp/site. NVIDIA/NCCL environment is left alone.
+# carried in .whl/ and installed into /tmp/site by bench/gpu_env.sh. NVIDIA/NCCL environment
+# is left alone.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-OUT="${OUT:-./out}"
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-
 source bench/gpu_env.sh
-
-echo "=== versions"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-python3 - <<'PY'
-import importlib
-for name in ("torch", "triton", "numpy", "jax", "jaxlib", "geomloss", "flash_sinkhorn", "ott", "flashsinkhorn"):
-    try:
-        mod = importlib.import_module(name)
-        print(f"{name:15s} {getattr(mod, '__version__', '?')}")
-    except Exception as exc:  # report and go on
-        print(f"{name:15s} NOT AVAILABLE ({type(exc).__name__}: {exc})")
-import torch
-if torch.cuda.is_available():
-    print("cuda device    ", torch.cuda.get_device_name(0), "| torch.version.cuda", torch.version.cuda)
-PY
 
 if [[ "${SKIP_TESTS:-0}" != "1" ]]; then
     echo "=== gpu tests"

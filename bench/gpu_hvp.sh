@@ -14,29 +14,14 @@
 # Environment: OUT (default ./out), BUDGET_S (default 530), SKIP_TESTS=1, SKIP_PEER=1,
 # EXAMPLE_ARGS (extra arguments for the example).
 # Wheels for the packages the machine lacks (flash-sinkhorn, ...) are carried in .whl/ and
-# installed into /tmp/site, as in bench/gpu.sh.
+# installed into /tmp/site by bench/gpu_env.sh.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
-OUT="${OUT:-./out}"
 BUDGET_S="${BUDGET_S:-530}"
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
 SECONDS=0
 
 source bench/gpu_env.sh
-
-echo "=== versions"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-python3 - <<'PY'
-import importlib
-for name in ("torch", "triton", "numpy", "scipy", "matplotlib", "flash_sinkhorn", "flashsinkhorn"):
-    try:
-        mod = importlib.import_module(name)
-        print(f"{name:15s} {getattr(mod, '__version__', '?')}")
-    except Exception as exc:  # report and go on
-        print(f"{name:15s} NOT AVAILABLE ({type(exc).__name__}: {exc})")
-PY
 
 left() { echo $((BUDGET_S - SECONDS)); }
 

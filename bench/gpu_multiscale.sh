@@ -13,16 +13,11 @@
 # Environment: OUT (default ./out), SKIP_TESTS=1, SIZES (default 100000,1000000),
 # PEER_BUDGET_S (default 60).
 # Wheels for the packages the machine lacks (flash-sinkhorn, ...) are carried in .whl/ and
-# installed into /tmp/site, as in bench/gpu.sh.
+# installed into /tmp/site by bench/gpu_env.sh.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
-OUT="${OUT:-./out}"
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-
 source bench/gpu_env.sh
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 
 if [[ "${SKIP_TESTS:-0}" != "1" ]]; then
     echo "=== gpu tests (tests/test_gpu_multiscale.py)"
