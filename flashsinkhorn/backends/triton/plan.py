@@ -112,11 +112,19 @@ def _plan_rows(
 
 
 @triton.jit
-def _reset_flag(Flag, i_g, i_b, i_s):
-    # Program (0, 0, 0) resets the flag for this step's finishing kernel; stream order puts the
-    # store after the previous step's guarded launches and before this step's checks.
+def _plan_program(Flag, eps, dot_scale):
+    # (i_g, i_b, i_s, i_b as int64, base-2 scale of the dot, of the cost) of a plan sweep's
+    # program. Program (0, 0, 0) resets the flag for this step's finishing kernel; stream
+    # order puts the store after the previous step's guarded launches and before this step's
+    # checks.
+    i_g = tl.program_id(0)
+    i_b = tl.program_id(1)
+    i_s = tl.program_id(2)
     if (i_g == 0) & (i_b == 0) & (i_s == 0):
         tl.store(Flag, 0.0)
+    scale2 = 2.0 * 1.4426950408889634 * dot_scale / eps
+    inv_eps2 = 1.4426950408889634 / eps
+    return i_g, i_b, i_s, i_b.to(tl.int64), scale2, inv_eps2
 
 
 @triton.jit(do_not_specialize=_DYNAMIC)
@@ -132,13 +140,7 @@ def _plan_fwd_kernel(
     # Program (i_g, i_b, i_s) sweeps column chunk i_s for the x-row blocks i_g, i_g + n_groups,
     # ...: the column partials need one row per group, not per row block, which keeps them
     # O(SMs · m) instead of O(n · m / BLOCK_M).
-    i_g = tl.program_id(0)
-    i_b = tl.program_id(1)
-    i_s = tl.program_id(2)
-    _reset_flag(Flag, i_g, i_b, i_s)
-    scale2 = 2.0 * 1.4426950408889634 * dot_scale / eps
-    inv_eps2 = 1.4426950408889634 / eps
-    i_b64 = i_b.to(tl.int64)
+    i_g, i_b, i_s, i_b64, scale2, inv_eps2 = _plan_program(Flag, eps, dot_scale)
     p_col = Pcol + i_b64 * s_pcb + i_g.to(tl.int64) * n_y
     if GROUPED:
         for i_m in range(i_g, n_blocks_x, n_groups):

@@ -24,7 +24,7 @@ from ..kernel_costs import cost_id
 from . import configs, softmin, sums
 from .configs import FINISH_BLOCK, FINISH_PARTS, self_plan_config
 from .operands import is_half, operands
-from .plan import _plan_finish_rows, _reset_flag
+from .plan import _plan_finish_rows, _plan_program
 from .split import sm_count, split_count
 from .tiles import SQEUCLIDEAN, col_bias, cost_scores, plan_row_block, score_tile
 
@@ -142,13 +142,7 @@ def _plan_self_fwd_kernel(
     # (tiles_per_chunk of the pair's tiles, the lower block's first) of the pairs g,
     # g + n_groups, ...: equal work per program for any n. Its sums go to its own zeroed row
     # of the partials Part [groups · n_split, B, n], which the finishing kernel adds up.
-    i_g = tl.program_id(0)
-    i_b = tl.program_id(1)
-    i_s = tl.program_id(2)
-    _reset_flag(Flag, i_g, i_b, i_s)
-    scale2 = 2.0 * 1.4426950408889634 * dot_scale / eps
-    inv_eps2 = 1.4426950408889634 / eps
-    i_b64 = i_b.to(tl.int64)
+    i_g, i_b, i_s, i_b64, scale2, inv_eps2 = _plan_program(Flag, eps, dot_scale)
     p_part = Part + (i_g * n_split + i_s).to(tl.int64) * s_pr + i_b64 * n
     n_tiles = (n + BLOCK_N - 1) // BLOCK_N
     v0 = i_s * tiles_per_chunk
