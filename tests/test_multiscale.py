@@ -4,6 +4,7 @@ Small float64 clouds on the torch backend (the oracle); the Triton kernel under 
 interpreter against the torch block-sparse soft-min.
 """
 
+import itertools
 import math
 
 import pytest
@@ -13,6 +14,7 @@ import flashsinkhorn as fs
 from flashsinkhorn.multiscale import bounds, sparse_torch
 from flashsinkhorn.multiscale.bounds import build_pattern, pair_log_bound, tile_stats
 from flashsinkhorn.multiscale.clustering import SUPER, TILE, build_layout, cells
+from flashsinkhorn.multiscale.solver import FINE_CHECK_EVERY
 
 from .multiscale_cases import torch_and_kernel_paths
 
@@ -399,6 +401,67 @@ def test_triton_sparse_kernel_far_scores(shift, device):
     assert torch.isfinite(St).all()
 
 
+def _shift_launch(dev, shift, eps):
+    """The shift kernel alone: (L, flags per row tile)."""
+    from flashsinkhorn.backends.triton import sparse
+
+    xr, xc, hc, rowptr, cols = dev
+    R = xr.shape[0] // TILE
+    lse = torch.empty(xr.shape[0], device=xr.device)
+    flag = torch.full((R,), -1, dtype=torch.int32, device=xr.device)
+    sparse._lse_sparse_shift_kernel[(R,)](
+        xr,
+        xc.t().contiguous(),
+        hc * sparse.LOG2E,
+        rowptr,
+        cols,
+        shift * sparse.LOG2E,
+        lse,
+        flag,
+        xc.shape[0],
+        sparse.LOG2E / eps,
+        TILE=TILE,
+        SUM_MIN=sparse.SHIFT_SUM_MIN,
+        SUM_MAX=sparse.SHIFT_SUM_MAX,
+    )
+    return lse.cpu(), flag.cpu()
+
+
+@pytest.mark.parametrize("quality", ["exact", "off", "far"])
+def test_triton_sparse_shift_kernel(quality, device):
+    """``sparse_lse`` with a shift (the previous iterate's LSE) equals the torch block-sparse
+    LSE however far the shift is from the result: the shift kernel flags the row tiles whose
+    shifted sums left their range and the guarded exact kernel recomputes them; with a good
+    shift only the rows without any mass are flagged."""
+    from flashsinkhorn.backends.triton.sparse import sparse_lse as tr_lse
+
+    lx, ly, hc, eps, rows, cols, rowptr, cidx = _pattern_case(n=150, m=130, dtype=torch.float32)
+    L, _ = sparse_torch.sparse_lse(lx.x[0], ly.x[0], hc[0], rowptr, cidx, eps, None)
+    fin = torch.isfinite(L)
+    gen = torch.Generator().manual_seed(3)
+    shift = torch.where(fin, L, 0.0)
+    if quality == "off":
+        shift = shift + (torch.rand(L.shape, generator=gen) - 0.5) * 60.0
+    elif quality == "far":
+        shift = shift.clone()
+        shift[5], shift[70], shift[71] = shift[5] + 1000.0, shift[70] - 1000.0, math.nan
+        shift[140] = math.inf
+    dev = [t.to(device).contiguous() for t in (lx.x[0], ly.x[0], hc[0], rowptr, cidx)]
+    Lt, _ = tr_lse(*dev, eps, False, TILE, shift=shift.to(device))
+    Lt = Lt.cpu()
+    assert torch.equal(fin, torch.isfinite(Lt))
+    torch.testing.assert_close(Lt[fin], L[fin], rtol=2e-5, atol=2e-4)
+    _, flags = _shift_launch(dev, shift.to(device), eps)
+    # a row without mass never passes the range test; a tile without visited tiles is exact
+    dead = (~fin).reshape(-1, TILE).any(1) & (rowptr[1:] > rowptr[:-1])
+    if quality == "exact":
+        assert torch.equal(flags.bool(), dead)
+    elif quality == "far":
+        expect = dead.clone()
+        expect[[0, 1, 2]] = True  # tiles of rows 5, 70/71, 140
+        assert torch.equal(flags.bool(), expect)
+
+
 def test_triton_multiscale_tiny_eps_matches_torch(device):
     """A float32 solve at an eps where the scores reach 1e31 (admitted by the range checks
     without a tolerance) gives the torch block-sparse path's potentials through the kernel."""
@@ -453,6 +516,9 @@ def test_solve_matches_dense(d):
     # the reported error bounds the untruncated plan's
     assert float(ms.marginal_error) >= float(_dense_error(ms)[0]) - ROUNDING
     assert float(ms.marginal_error) <= 1e-6
+    # the fine loop tests at most every FINE_CHECK_EVERY iterations (the default is 10)
+    its = [k for k, _ in ms.errors]
+    assert len(its) > 2 and max(b - a for a, b in itertools.pairwise(its)) <= FINE_CHECK_EVERY
 
 
 @pytest.mark.parametrize(
@@ -637,6 +703,38 @@ def test_backend_kernel_path_matches_torch_path(device):
     torch.testing.assert_close(T1, T0, rtol=0, atol=1e-5)
     torch.testing.assert_close(m1, m0, rtol=1e-4, atol=1e-7)
     torch.testing.assert_close(G1, G0, rtol=0, atol=1e-4 * float(G0.abs().max()))
+
+
+def test_shift_estimates_cover_padding(device, monkeypatch):
+    """At converged potentials the backend's soft-min estimates every row's log-sum-exp well
+    enough that the shift kernel flags no tile, padding rows (which repeat a point) included:
+    the exact kernel then recomputes nothing."""
+    from flashsinkhorn.backends.torch_ref import TorchBackend
+    from flashsinkhorn.backends.triton import sparse
+    from flashsinkhorn.multiscale.backend import MultiscaleBackend
+    from flashsinkhorn.problem import prepare
+
+    x, y = _clouds(150, 130, d=3, seed=16, dtype=torch.float32)
+    x, y = x.to(device), y.to(device)
+    p = prepare(x, y, None, None, rho_x=None, rho_y=None, precision="ieee")
+    eps = 3e-3
+    ref = fs.sinkhorn(x, y, eps=eps, backend="torch", tol=1e-5)
+    f, g = ref.solution.f, ref.solution.g
+    be = MultiscaleBackend(TorchBackend(), p, 1e-3)
+    be.kernel = True
+    assert not be.layout(p.X).real.all()  # the case has padding rows
+    flags = []
+
+    def recording(kernel, grid, *args, **kw):
+        sparse.launch.__wrapped__(kernel, grid, *args, **kw)
+        if kernel is sparse._lse_sparse_shift_kernel:
+            flags.append(args[7].cpu())
+
+    recording.__wrapped__ = sparse.launch
+    monkeypatch.setattr(sparse, "launch", recording)
+    T, _ = be.softmin(p.X, p.Y, g, eps, f, 0.0, 1.0, True, "ieee")
+    assert len(flags) == 1 and int(flags[0].sum()) == 0
+    torch.testing.assert_close(T, f, rtol=0, atol=1e-4)
 
 
 def test_zero_weights_and_tiny_clouds():

@@ -123,7 +123,14 @@ class MultiscaleBackend(Backend):
                     self._u_now = u_now
                     self._pending = 2.0 * torch.maximum(u_now, u_last)
             self._last = pat
-        lse, _ = self._lse(lr, lc, cs, eps, pat.csr[orient])
+        shift = None
+        if self.kernel and beta > 0.0:
+            # at a fixed point old = alpha·old + beta·T, so the row's log-sum-exp is expected
+            # near −T/eps with T = (1 − alpha)·old/beta (the kernel checks and recomputes the
+            # rows where this estimate was too far off); a padding row repeats a point and
+            # takes that point's estimate
+            shift = lr.sort(old, fill=None) * (-(1.0 - alpha) / (beta * eps))
+        lse, _ = self._lse(lr, lc, cs, eps, pat.csr[orient], shift=shift)
         T = lr.unsort(-eps * lse)
         out = beta * T if alpha == 0.0 else alpha * old + beta * T
         return out, (T if want_raw else None)
@@ -139,9 +146,12 @@ class MultiscaleBackend(Backend):
         self._pending = None
         return out
 
-    def _lse(self, lr: Layout, lc: Layout, cs, eps, csr, bary: bool = False, values=None):
+    def _lse(
+        self, lr: Layout, lc: Layout, cs, eps, csr, bary: bool = False, values=None, shift=None
+    ):
         """((B, N_r) log-sum-exp over the visited tiles (sorted rows), barycentres or value
-        sums (B, N_r, p) when asked, else None)."""
+        sums (B, N_r, p) when asked, else None). shift: (B, N_r) an estimate of the result
+        (the kernel's fast path; ignored by the torch path)."""
         B = lr.B
         hc = cs / eps + lc.logw  # (B, N_c), −inf on padding
         rowptr, cols = csr
@@ -149,7 +159,8 @@ class MultiscaleBackend(Backend):
         if self.kernel and values is None:
             from ..backends.triton.sparse import sparse_lse
 
-            lse, out = sparse_lse(xr, xc, hc.reshape(-1), rowptr, cols, eps, bary, TILE)
+            sh = None if shift is None else shift.reshape(-1)
+            lse, out = sparse_lse(xr, xc, hc.reshape(-1), rowptr, cols, eps, bary, TILE, shift=sh)
         else:
             vals = xc if bary else values
             lse, out = sparse_torch.sparse_lse(xr, xc, hc.reshape(-1), rowptr, cols, eps, vals)

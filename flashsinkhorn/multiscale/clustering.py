@@ -83,13 +83,15 @@ class Layout:
         """Tiles per problem (including tiles that hold only padding)."""
         return self.N // TILE
 
-    def sort(self, t: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
-        """(B, N, ...) of a per-point (B, n, ...) tensor in padded order, ``fill`` on padding."""
+    def sort(self, t: torch.Tensor, fill: float | None = 0.0) -> torch.Tensor:
+        """(B, N, ...) of a per-point (B, n, ...) tensor in padded order, ``fill`` on padding
+        (None: the value of the point that the padding position repeats)."""
         idx, real = self.perm, self.real
         if t.dim() == 3:
             idx = idx[..., None].expand(-1, -1, t.shape[-1])
             real = real[..., None]
-        return torch.where(real, t.gather(1, idx), fill)
+        out = t.gather(1, idx)
+        return out if fill is None else torch.where(real, out, fill)
 
     def unsort(self, t: torch.Tensor) -> torch.Tensor:
         """(B, n, ...) in the original order from a (B, N, ...) padded-order tensor."""

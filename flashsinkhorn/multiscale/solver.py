@@ -37,6 +37,11 @@ COARSE_POINTS = 8
 COARSE_EPS_CELLS = 1.0
 #: Annealing ratio (on sqrt(eps)) of the coarse stage when the solve has no ladder.
 COARSE_SCALING = 0.5
+#: Most iterations between two convergence tests of the fine loop. A fine iteration costs
+#: far more than a test there (about 25 ms against 1 ms at 1M points on an H100), so testing
+#: often stops the loop closer to the tolerance: 31 instead of 41 fine iterations, 1.29 s
+#: instead of 1.57 s (1M-point torus onto ellipsoid, eps = (0.01·D)², tol 1e-3).
+FINE_CHECK_EVERY = 5
 
 
 def coarse_side(side: Side, cl: Cells, mass_of: torch.Tensor | None = None) -> Side:
@@ -115,4 +120,7 @@ def solve_multiscale(
         g0, _ = base.softmin(Y, CX, cst.f, eps_c, zg, 0.0, Y.damping(eps_c), False, prec)
     backend.coarse_iters = cst.n_iters
     backend.eps_coarse = eps_c
-    return solve(problem, backend, fine_list, opts, init=(f0, g0))
+    fopts = opts
+    if opts.tol is not None:
+        fopts = opts.replace(check_every=min(opts.check_every, FINE_CHECK_EVERY))
+    return solve(problem, backend, fine_list, fopts, init=(f0, g0))
