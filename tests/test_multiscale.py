@@ -12,6 +12,7 @@ import torch
 
 import flashsinkhorn as fs
 from flashsinkhorn.multiscale import bounds, sparse_torch
+from flashsinkhorn.multiscale import solver as ms_solver
 from flashsinkhorn.multiscale.bounds import build_pattern, pair_log_bound, tile_stats
 from flashsinkhorn.multiscale.clustering import SUPER, TILE, build_layout, cells
 from flashsinkhorn.multiscale.solver import FINE_CHECK_EVERY
@@ -499,7 +500,9 @@ def _dense_error(res):
 
 
 @pytest.mark.parametrize("d", [1, 2, 3])
-def test_solve_matches_dense(d):
+def test_solve_matches_dense(d, monkeypatch):
+    # (the fine loop's frequent tests, for large problems only, are exercised here too)
+    monkeypatch.setattr(ms_solver, "FINE_CHECK_MIN_NM", 0)
     n, m = 900, 800
     x, y = _clouds(n, m, d=d, seed=7)
     a, b = _weights(n, 5), _weights(m, 6)
