@@ -41,11 +41,13 @@ def test_kernel_matches_torch_path_on_gpu():
 
 def test_100k_matches_streaming():
     """Value within 1e-4 relative and gradients within 1e-3 (relative L2) of the streaming
-    solve (both to tol 1e-4, so that early stopping does not dominate the difference); the
-    reported error bounds the streaming-measured one."""
+    solve; the reported error bounds the streaming-measured one. Both solves stop at the first
+    iteration whose error is below 5e-5: the gradients' difference is set by where each solve
+    stops, not by the truncation (H100, y: 1.0e-3 at tol 1e-4, 6.6e-4 at 5e-5, 5.1e-4 at
+    3e-5; x: 2.1e-4, 1.0e-4, 7.5e-5)."""
     x, y, diam = _gmm_shell(100_000)
     eps = (0.01 * diam) ** 2
-    kw = dict(eps=eps, tol=1e-4, n_iters=20_000)
+    kw = dict(eps=eps, tol=5e-5, check_every=1, n_iters=20_000)
     xs, ys = x.clone().requires_grad_(), y.clone().requires_grad_()
     v = fs.ot_cost(xs, ys, path="multiscale", **kw)
     gx, gy = torch.autograd.grad(v, (xs, ys))
@@ -59,7 +61,7 @@ def test_100k_matches_streaming():
     assert rel_v <= 1e-4
     assert rel_gx <= 1e-3
     assert rel_gy <= 1e-3
-    res = fs.sinkhorn(x, y, path="multiscale", **kw)
+    res = fs.sinkhorn(x, y, path="multiscale", eps=eps, tol=1e-4, n_iters=20_000)
     assert res.converged and res.path == "multiscale" and res.backend == "triton"
     # The reported error bounds the untruncated plan's. That property is tested exactly in
     # float64 on the CPU (tests/test_multiscale.py); here both numbers are float32 sums over
