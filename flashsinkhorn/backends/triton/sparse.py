@@ -74,6 +74,27 @@ def _column_tile(XC, HC, COLS, k, i_end, n_col, o_t, b_o0, b_o1, b_o2, TILE: tl.
 
 
 @triton.jit
+def _first_tile(ROWPTR, XC, HC, COLS, i_r, n_col, o_t, b_o0, b_o1, b_o2, TILE: tl.constexpr):
+    """CSR range [i_start, i_end) of row tile i_r and the loads of its first column tile."""
+    i_start = tl.load(ROWPTR + i_r)
+    i_end = tl.load(ROWPTR + i_r + 1)
+    n_e0, n_e1, n_e2, n_h = _column_tile(XC, HC, COLS, i_start, i_end, n_col, o_t,
+                                         b_o0, b_o1, b_o2, TILE)  # fmt: skip
+    return i_start, i_end, n_e0, n_e1, n_e2, n_h
+
+
+@triton.jit
+def _advance(XC, HC, COLS, k, i_end, n_col, o_t, b_o0, b_o1, b_o2, n_e0, n_e1, n_e2, n_h, scale,
+             TILE: tl.constexpr):  # fmt: skip
+    """The column tile at CSR position k from its prefetched loads (n_*): offsets η and bias
+    h − s‖η‖² (massless columns keep −inf); and the loads of the tile at k + 1."""
+    b_h = n_h - (n_e0 * n_e0 + n_e1 * n_e1 + n_e2 * n_e2) * scale
+    p_e0, p_e1, p_e2, p_h = _column_tile(XC, HC, COLS, k + 1, i_end, n_col, o_t,
+                                         b_o0, b_o1, b_o2, TILE)  # fmt: skip
+    return n_e0, n_e1, n_e2, b_h, p_e0, p_e1, p_e2, p_h
+
+
+@triton.jit
 def _row_tile(XR, i_r, o_t, scale, TILE: tl.constexpr):
     """Origin o, scaled offsets 2sξ (3 × [TILE]) and row constant −s‖ξ‖² of row tile i_r."""
     o_r = i_r * TILE + o_t
@@ -115,9 +136,9 @@ def _lse_sparse_fwd_kernel(
     if GUARDED:
         if tl.load(FLAG + i_r) == 0:
             return
-    i_start = tl.load(ROWPTR + i_r)
-    i_end = tl.load(ROWPTR + i_r + 1)
     o_r, b_o0, b_o1, b_o2, b_q0, b_q1, b_q2, b_rc = _row_tile(XR, i_r, o_t, scale, TILE)
+    i_start, i_end, n_e0, n_e1, n_e2, n_h = _first_tile(ROWPTR, XC, HC, COLS, i_r, n_col, o_t,
+                                                        b_o0, b_o1, b_o2, TILE)
     # Running (max, sum) per score slot (i, j mod TILE), not per row: a visited tile updates
     # each slot with one exp2 of −|z − m| (whichever of z and m is larger becomes the new m)
     # and no cross-thread reduction; the TILE slots of a row are merged once at the end.
@@ -128,15 +149,12 @@ def _lse_sparse_fwd_kernel(
     b_a0 = tl.zeros([TILE, TILE], tl.float32)
     b_a1 = tl.zeros([TILE, TILE], tl.float32)
     b_a2 = tl.zeros([TILE, TILE], tl.float32)
-    n_e0, n_e1, n_e2, n_h = _column_tile(XC, HC, COLS, i_start, i_end, n_col, o_t,
-                                         b_o0, b_o1, b_o2, TILE)
     for k in range(i_start, i_end):
-        b_e0, b_e1, b_e2, b_hc = n_e0, n_e1, n_e2, n_h
-        n_e0, n_e1, n_e2, n_h = _column_tile(XC, HC, COLS, k + 1, i_end, n_col, o_t,
-                                             b_o0, b_o1, b_o2, TILE)
-        # massless columns keep their −inf bias: the slot maxima stay finite (NEG at first),
-        # so their difference is −inf and the weight 0
-        b_h = b_hc - (b_e0 * b_e0 + b_e1 * b_e1 + b_e2 * b_e2) * scale
+        # (massless columns keep their −inf bias: the slot maxima stay finite, NEG at first,
+        # so their difference is −inf and the weight 0)
+        b_e0, b_e1, b_e2, b_h, n_e0, n_e1, n_e2, n_h = _advance(
+            XC, HC, COLS, k, i_end, n_col, o_t, b_o0, b_o1, b_o2, n_e0, n_e1, n_e2, n_h, scale,
+            TILE)
         # (TILE, TILE) base-2 scores without the row constant
         b_z = b_h[None, :] + b_q0[:, None] * b_e0[None, :]
         b_z = b_z + b_q1[:, None] * b_e1[None, :]
@@ -177,20 +195,17 @@ def _lse_sparse_shift_kernel(
     # recomputed by the guarded kernel).
     i_r = tl.program_id(0).to(tl.int64)
     o_t = tl.arange(0, TILE)
-    i_start = tl.load(ROWPTR + i_r)
-    i_end = tl.load(ROWPTR + i_r + 1)
     o_r, b_o0, b_o1, b_o2, b_q0, b_q1, b_q2, b_rc = _row_tile(XR, i_r, o_t, scale, TILE)
+    i_start, i_end, n_e0, n_e1, n_e2, n_h = _first_tile(ROWPTR, XC, HC, COLS, i_r, n_col, o_t,
+                                                        b_o0, b_o1, b_o2, TILE)
     # shift of the scores without the row constant; a non-finite shift is caught by the
     # range test of the sum
     b_u = tl.load(SHIFT + o_r) - b_rc
     b_l = tl.zeros([TILE, TILE], tl.float32)
-    n_e0, n_e1, n_e2, n_h = _column_tile(XC, HC, COLS, i_start, i_end, n_col, o_t,
-                                         b_o0, b_o1, b_o2, TILE)
     for k in range(i_start, i_end):
-        b_e0, b_e1, b_e2, b_hc = n_e0, n_e1, n_e2, n_h
-        n_e0, n_e1, n_e2, n_h = _column_tile(XC, HC, COLS, k + 1, i_end, n_col, o_t,
-                                             b_o0, b_o1, b_o2, TILE)
-        b_h = b_hc - (b_e0 * b_e0 + b_e1 * b_e1 + b_e2 * b_e2) * scale
+        b_e0, b_e1, b_e2, b_h, n_e0, n_e1, n_e2, n_h = _advance(
+            XC, HC, COLS, k, i_end, n_col, o_t, b_o0, b_o1, b_o2, n_e0, n_e1, n_e2, n_h, scale,
+            TILE)
         b_z = b_h[None, :] - b_u[:, None]
         b_z = b_z + b_q0[:, None] * b_e0[None, :]
         b_z = b_z + b_q1[:, None] * b_e1[None, :]
