@@ -708,10 +708,12 @@ def test_backend_kernel_path_matches_torch_path(device):
     torch.testing.assert_close(G1, G0, rtol=0, atol=1e-4 * float(G0.abs().max()))
 
 
-def test_shift_estimates_cover_padding(device, monkeypatch):
+@pytest.mark.parametrize("rho", [None, 3e-4])
+def test_shift_estimates_cover_padding(device, monkeypatch, rho):
     """At converged potentials the backend's soft-min estimates every row's log-sum-exp well
-    enough that the shift kernel flags no tile, padding rows (which repeat a point) included:
-    the exact kernel then recomputes nothing."""
+    enough that the shift kernel flags no tile, padding rows (which repeat a point) included,
+    and for a strongly relaxed marginal (damping 1/11: an estimate that did not divide by it
+    would put −T/eps off by a factor of 11): the exact kernel then recomputes nothing."""
     from flashsinkhorn.backends.torch_ref import TorchBackend
     from flashsinkhorn.backends.triton import sparse
     from flashsinkhorn.multiscale.backend import MultiscaleBackend
@@ -719,10 +721,12 @@ def test_shift_estimates_cover_padding(device, monkeypatch):
 
     x, y = _clouds(150, 130, d=3, seed=16, dtype=torch.float32)
     x, y = x.to(device), y.to(device)
-    p = prepare(x, y, None, None, rho_x=None, rho_y=None, precision="ieee")
+    p = prepare(x, y, None, None, rho_x=rho, rho_y=rho, precision="ieee")
     eps = 3e-3
-    ref = fs.sinkhorn(x, y, eps=eps, backend="torch", tol=1e-5)
+    ref = fs.sinkhorn(x, y, eps=eps, backend="torch", tol=1e-5, rho_x=rho, rho_y=rho)
     f, g = ref.solution.f, ref.solution.g
+    lam = p.X.damping(eps)
+    assert (lam < 1.0) == (rho is not None)
     be = MultiscaleBackend(TorchBackend(), p, 1e-3)
     be.kernel = True
     assert not be.layout(p.X).real.all()  # the case has padding rows
@@ -735,9 +739,9 @@ def test_shift_estimates_cover_padding(device, monkeypatch):
 
     recording.__wrapped__ = sparse.launch
     monkeypatch.setattr(sparse, "launch", recording)
-    T, _ = be.softmin(p.X, p.Y, g, eps, f, 0.0, 1.0, True, "ieee")
+    out, T = be.softmin(p.X, p.Y, g, eps, f, 0.0, lam, True, "ieee")
     assert len(flags) == 1 and int(flags[0].sum()) == 0
-    torch.testing.assert_close(T, f, rtol=0, atol=1e-4)
+    torch.testing.assert_close(out, f, rtol=0, atol=1e-4)
 
 
 def test_zero_weights_and_tiny_clouds():
