@@ -313,6 +313,28 @@ def test_chunked_search(monkeypatch, budget):
         assert torch.all(has[lay.real.reshape(B * lay.tiles, TILE).any(-1)])
 
 
+
+@pytest.mark.parametrize("budget", [1e-4, 1e-8, 0.0])
+def test_search_kernel_matches_torch_search(budget):
+    """The Triton pair search (interpreter) keeps the torch search's pairs and records its
+    skipped sums, on both levels (an all-pairs grid of super tiles whose count is no multiple
+    of the kernel's block, and the tiles inside the kept super pairs) of two problems with
+    zero-weight tiles."""
+    B = 2
+    lx, ly, f, g, eps = _map_case(n=4000, B=B)
+    ref = build_pattern(lx, ly, f, g, eps, budget)
+    got = build_pattern(lx, ly, f, g, eps, budget, kernel=True)
+    assert (lx.tiles // SUPER) % 16 != 0 and len(got.skipped) == 2
+    assert 0 < got.pairs <= B * lx.tiles * ly.tiles
+    pairs = lambda p: sorted(zip(p.rows.tolist(), p.cols.tolist(), strict=True))  # noqa: E731
+    assert pairs(got) == pairs(ref)
+    for r, k in zip(ref.skipped, got.skipped, strict=True):
+        torch.testing.assert_close(k, r, rtol=1e-12, atol=0)
+    assert float(sum(got.skipped).max()) <= budget
+    for key in ("xy", "yx"):
+        for r, k in zip(ref.csr[key], got.csr[key], strict=True):
+            assert torch.equal(torch.sort(r).values, torch.sort(k).values)
+
 # ----- block-sparse soft-min -----
 
 

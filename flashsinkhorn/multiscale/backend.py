@@ -56,6 +56,8 @@ class MultiscaleBackend(Backend):
         self.name = base.name
         self.problem = problem
         self.kernel = base.name == "triton" and problem.dtype == torch.float32
+        # the pattern search is float64 whatever the problem's dtype
+        self.search_kernel = base.name == "triton"
         self.budget = 0.5 * TRUNCATION_FRACTION * (UNTESTED_TOL if tol is None else tol)
         self._layouts: dict[int, tuple[torch.Tensor, Layout]] = {}
         self.pattern: Pattern | None = None
@@ -88,7 +90,7 @@ class MultiscaleBackend(Backend):
 
     def _build(self, lx, ly, f, g, eps, self_problem) -> Pattern:
         self.rebuilds += 1
-        return build_pattern(lx, ly, f, g, eps, self.budget, self_problem)
+        return build_pattern(lx, ly, f, g, eps, self.budget, self_problem, self.search_kernel)
 
     def _solve_pattern(self, lx, ly, f, g, eps) -> Pattern:
         """The solve's pattern at ``eps``, rebuilt at (f, g) when eps changed or it is stale."""

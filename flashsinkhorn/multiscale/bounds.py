@@ -282,7 +282,7 @@ def _evaluate(R: TileStats, C: TileStats, b, i, j, eps: float, lo: float) -> _Ch
     return _Chunk(b, i, j, lb, lr, lc, _bins(lb, lo))
 
 
-def _search(R: TileStats, C: TileStats, cand, eps: float, budget: float, B: int):
+def _search(R: TileStats, C: TileStats, cand, eps: float, budget: float, B: int, kernel=False):
     """The pairs of ``cand`` to keep, in two passes over chunks of :data:`PAIR_CHUNK`.
 
     Pass 1 accumulates, per problem, the sum of exp(bound) in each log bin (:func:`_bins`) and
@@ -299,6 +299,9 @@ def _search(R: TileStats, C: TileStats, cand, eps: float, budget: float, B: int)
         eps: entropic regularisation.
         budget: largest sum of the skipped pairs' bounds, per problem.
         B: number of problems.
+        kernel: run both passes as the Triton kernel of
+            ``flashsinkhorn.backends.triton.pair_search`` (no chunks: it holds no candidate
+            in memory; the same threshold, a best pair per tile found in float32).
 
     Returns:
         (rows, cols, skipped, cut): the kept pairs' global row and column tile indices
@@ -310,6 +313,16 @@ def _search(R: TileStats, C: TileStats, cand, eps: float, budget: float, B: int)
     Tr, Tc = R.alpha.shape[1], C.alpha.shape[1]
     nb = LOG_BINS + 3
     lo = (math.log(budget) if budget > 0 else -math.inf) - LOG_BINS * LOG_BIN
+    # kept pairs as int32 where the tile indices fit: at 4M points 10⁸–10⁹ pairs are kept, and
+    # their index lists (here, in the pattern and its CSR copies) are most of its memory
+    idx = torch.int32 if B * max(Tr, Tc) < 2**31 else torch.int64
+    if kernel:
+        from ..backends.triton import pair_search
+
+        inside = None if isinstance(cand, _AllPairs) else (cand.b, cand.i, cand.j, cand.size)
+        return pair_search.search(
+            R, C, inside, eps, budget, B, lo, LOG_BINS, LOG_BIN, ROUNDING_MARGIN, idx
+        )
     starts = range(0, cand.count, PAIR_CHUNK)
     chunk = lambda s: _evaluate(R, C, *cand(s, min(s + PAIR_CHUNK, cand.count)), eps, lo)
     hist = torch.zeros(B * nb, dtype=torch.float64, device=dev)
@@ -335,9 +348,6 @@ def _search(R: TileStats, C: TileStats, cand, eps: float, budget: float, B: int)
     cut = below.long().cumprod(1).sum(1)  # a prefix, whatever the scan's rounding
     skipped = torch.zeros(B, dtype=torch.float64, device=dev)
     rows, cols = [], []
-    # kept pairs as int32 where the tile indices fit: at 4M points 10⁸–10⁹ pairs are kept, and
-    # their index lists (here, in the pattern and its CSR copies) are most of its memory
-    idx = torch.int32 if B * max(Tr, Tc) < 2**31 else torch.int64
     for n, s in enumerate(starts):
         if n < len(cache):
             c, cache[n] = cache[n], None
@@ -356,7 +366,7 @@ def _search(R: TileStats, C: TileStats, cand, eps: float, budget: float, B: int)
 
 def build_pattern(
     lx: Layout, ly: Layout, f: torch.Tensor, g: torch.Tensor, eps: float, budget: float,
-    self_problem: bool = False,
+    self_problem: bool = False, kernel: bool = False,
 ) -> Pattern:  # fmt: skip
     """The block-sparse pattern of the plan (f, g) at ``eps``.
 
@@ -368,6 +378,7 @@ def build_pattern(
         budget: largest total bound of the skipped pairs (mass units): half of it for the
             super-tile level, half for the tile level.
         self_problem: x and y are one cloud (the pattern is still stored in both orientations).
+        kernel: search the pairs with the Triton kernel (CUDA tensors, or the interpreter).
 
     Returns:
         The pattern; ``sum(pattern.skipped)`` <= budget.
@@ -382,14 +393,15 @@ def build_pattern(
         sup_x = tile_stats(lx, f, TILE * SUPER)
         sup_y = sup_x if self_problem else tile_stats(ly, g, TILE * SUPER)
         Sx, Sy = Tx // SUPER, Ty // SUPER
-        sr, sc, sk1, _ = _search(sup_x, sup_y, _AllPairs(B, Sx, Sy, dev), eps, 0.5 * budget, B)
+        top = _AllPairs(B, Sx, Sy, dev)
+        sr, sc, sk1, _ = _search(sup_x, sup_y, top, eps, 0.5 * budget, B, kernel)
         levels.append(((sup_x, sup_y), sk1))
         cand = _Inside(sr // Sx, sr % Sx, sc % Sy, SUPER)
         fine_budget = 0.5 * budget
     else:
         cand = _AllPairs(B, Tx, Ty, dev)
         fine_budget = budget
-    rows, cols, sk2, _ = _search(fine_x, fine_y, cand, eps, fine_budget, B)
+    rows, cols, sk2, _ = _search(fine_x, fine_y, cand, eps, fine_budget, B, kernel)
     levels.append(((fine_x, fine_y), sk2))
     csr = {"xy": _csr(rows, cols, B * Tx), "yx": _csr(cols, rows, B * Ty)}
     stats = [lv[0] for lv in levels]
