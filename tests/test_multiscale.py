@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import flashsinkhorn as fs
+from flashsinkhorn.multiscale import backend as ms_backend
 from flashsinkhorn.multiscale import bounds, sparse_torch
 from flashsinkhorn.multiscale import solver as ms_solver
 from flashsinkhorn.multiscale.bounds import build_pattern, pair_log_bound, tile_stats
@@ -313,7 +314,6 @@ def test_chunked_search(monkeypatch, budget):
         assert torch.all(has[lay.real.reshape(B * lay.tiles, TILE).any(-1)])
 
 
-
 @pytest.mark.parametrize("budget", [1e-4, 1e-8, 0.0])
 def test_search_kernel_matches_torch_search(budget):
     """The Triton pair search (interpreter) keeps the torch search's pairs and records its
@@ -334,6 +334,7 @@ def test_search_kernel_matches_torch_search(budget):
     for key in ("xy", "yx"):
         for r, k in zip(ref.csr[key], got.csr[key], strict=True):
             assert torch.equal(torch.sort(r).values, torch.sort(k).values)
+
 
 # ----- block-sparse soft-min -----
 
@@ -551,14 +552,26 @@ def test_solve_matches_dense(d, monkeypatch):
     [(1e-2, "auto", "auto"), (1e-3, "auto", "auto"), (1e-4, "auto", "auto"),
      (1e-3, "alternating", "anderson"), (1e-3, "symmetric", "none")],
 )  # fmt: skip
-def test_reported_error_bounds_dense_error(tol, schedule, acceleration):
+def test_reported_error_bounds_dense_error(tol, schedule, acceleration, monkeypatch):
     """Converged or not, the reported error is an upper bound of the dense-measured one, for
-    every schedule and acceleration of the loop."""
+    every schedule and acceleration of the loop; patterns are built to part of the budget
+    (room for the potentials to move before a rebuild)."""
     n, m = 700, 650
     x, y = _clouds(n, m, d=2, seed=8)
     kw = dict(eps=1e-3, tol=tol, backend="torch", path="multiscale", schedule=schedule,
               acceleration=acceleration, n_iters=3000)  # fmt: skip
+    budgets = []
+    build = ms_backend.build_pattern
+
+    def recorded(lx, ly, f, g, eps, budget, *args):
+        budgets.append(budget)
+        return build(lx, ly, f, g, eps, budget, *args)
+
+    monkeypatch.setattr(ms_backend, "build_pattern", recorded)
     res = fs.sinkhorn(x, y, **kw)
+    be = res.solution.backend
+    assert budgets and set(budgets) == {ms_backend.BUILD_FRACTION * be.budget}
+    assert ms_backend.BUILD_FRACTION < 1
     assert res.converged
     pat = res.solution.backend.pattern
     lay = res.solution.backend.layout(res.solution.problem.X)
