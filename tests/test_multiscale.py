@@ -583,6 +583,24 @@ def test_reported_error_bounds_dense_error(tol, schedule, acceleration, monkeypa
     assert float(short.marginal_error) >= float(_dense_error(short)[0]) - ROUNDING
 
 
+def test_rebuild_when_the_error_drops(monkeypatch):
+    """A pattern is rebuilt at a test whose measured error fell REBUILD_DROP times below the
+    first test's on it (tighter bounds near convergence), and the solve still converges to the
+    same potentials with an honest reported error."""
+    x, y = _clouds(700, 650, d=2, seed=8)
+    kw = dict(eps=1e-3, tol=1e-6, backend="torch", path="multiscale", n_iters=3000)
+    runs = {}
+    for drop in (None, 4.0):
+        monkeypatch.setattr(ms_backend, "REBUILD_DROP", drop)
+        res = fs.sinkhorn(x, y, **kw)
+        assert res.converged
+        assert float(res.marginal_error) >= float(_dense_error(res)[0]) - ROUNDING
+        runs[drop] = res
+    # from ~1e-2 to 1e-6 the error drops 4x several times
+    assert runs[4.0].solution.backend.rebuilds >= runs[None].solution.backend.rebuilds + 3
+    torch.testing.assert_close(runs[4.0].value, runs[None].value, rtol=1e-6, atol=0)
+
+
 def test_batched_and_unbalanced_match_dense():
     B, n, m = 2, 500, 450
     x, y = _clouds(n, m, d=3, B=B, seed=9)
