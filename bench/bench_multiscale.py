@@ -268,7 +268,7 @@ def bench_flash(rows, shape, n, eps_f, x, y, eps, device, reps, budget, predicte
         rows.append({**base, "error": f"{type(e).__name__}: {e}"[:300]})
         return
     predicted[key] = (n, t)
-    rows.append({**base, "time_s": t, "first_call_s": first, "peak_gb": peak,
+    rows.append({**base, "time_s": t, "first_call_s": first, "peak_gb": peak, "reps": reps,
                  "version": getattr(fsk, "__version__", "?")})  # fmt: skip
     print(json.dumps(rows[-1]), flush=True)
 
@@ -294,6 +294,13 @@ def main(argv=None):
         default=None,
         help="the same for flash-sinkhorn (default: --dense-budget)",
     )
+    ap.add_argument(
+        "--peer-slow",
+        type=float,
+        default=60.0,
+        help="flash-sinkhorn calls predicted above this (s) are timed once, after the smaller "
+        "sizes of the same process have compiled its kernels (the row's reps is then 0)",
+    )
     ap.add_argument("--no-peer", action="store_true", help="skip flash-sinkhorn")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -317,7 +324,10 @@ def main(argv=None):
                     peer_budget = (
                         args.dense_budget if args.peer_budget is None else args.peer_budget
                     )
-                    bench_flash(rows, shape, n, f, x, y, eps, device, r, peer_budget, predicted)
+                    guess = predicted.get(("flash", shape, f))
+                    slow = guess is not None and guess[1] * (n / guess[0]) ** 2 > args.peer_slow
+                    bench_flash(rows, shape, n, f, x, y, eps, device, 0 if slow else r,
+                                peer_budget, predicted)  # fmt: skip
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     slug = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
     os.makedirs(args.out, exist_ok=True)
