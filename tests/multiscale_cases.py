@@ -21,13 +21,19 @@ def _bench_shapes() -> dict:
     return mod.SHAPES
 
 
-def mixture_and_shell(n: int, seed: int = 0):
-    """The benchmark's ``gmm_shell`` clouds with a generator seeded by ``seed``: x 8 Gaussian
-    blobs (std 0.1, centres in [-1, 1]³), y a noisy unit sphere shell; both (n, 3) float32 on
-    the CPU, and the bounding-box diagonal of both clouds."""
-    x, y = _bench_shapes()["gmm_shell"](n, torch.Generator().manual_seed(seed))
+def bench_clouds(shape: str, n: int, seed: int = 0):
+    """One of the benchmark's pairs of clouds (``gmm_shell`` or ``surfaces``) with a generator
+    seeded by ``seed``: both (n, 3) float32 on the CPU, and the bounding-box diagonal of both
+    clouds."""
+    x, y = _bench_shapes()[shape](n, torch.Generator().manual_seed(seed))
     pts = torch.cat([x, y])
     return x, y, float((pts.amax(0) - pts.amin(0)).norm())
+
+
+def mixture_and_shell(n: int, seed: int = 0):
+    """The benchmark's ``gmm_shell`` clouds (:func:`bench_clouds`): x 8 Gaussian blobs (std
+    0.1, centres in [-1, 1]³), y a noisy unit sphere shell."""
+    return bench_clouds("gmm_shell", n, seed)
 
 
 def torch_and_kernel_paths(p, f, g, eps, grad_rows: str = "x"):

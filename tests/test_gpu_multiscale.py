@@ -11,7 +11,7 @@ import torch
 
 import flashsinkhorn as fs
 
-from .multiscale_cases import mixture_and_shell, torch_and_kernel_paths
+from .multiscale_cases import bench_clouds, mixture_and_shell, torch_and_kernel_paths
 
 pytestmark = pytest.mark.gpu
 
@@ -43,13 +43,15 @@ def test_kernel_matches_torch_path_on_gpu():
     torch.testing.assert_close(G1, G0, rtol=0, atol=1e-3 * float(G0.abs().max()))
 
 
-def test_100k_matches_streaming():
+@pytest.mark.parametrize("shape", ["gmm_shell", "surfaces"])
+def test_100k_matches_streaming(shape):
     """Value within 1e-4 relative and gradients within 1e-3 (relative L2) of the streaming
-    solve; the reported error bounds the streaming-measured one. Both solves stop at the first
-    iteration whose error is below 5e-5: the gradients' difference is set by where each solve
-    stops, not by the truncation (H100, y: 1.0e-3 at tol 1e-4, 6.6e-4 at 5e-5, 5.1e-4 at
-    3e-5; x: 2.1e-4, 1.0e-4, 7.5e-5)."""
-    x, y, diam = _gmm_shell(100_000)
+    solve, on both benchmark problems; the reported error bounds the untruncated one. Both
+    solves stop at the first iteration whose error is below 5e-5: the gradients' difference is
+    set by where each solve stops, not by the truncation (H100, mixture onto shell, y: 1.0e-3
+    at tol 1e-4, 6.6e-4 at 5e-5, 5.1e-4 at 3e-5; x: 2.1e-4, 1.0e-4, 7.5e-5)."""
+    x, y, diam = bench_clouds(shape, 100_000)
+    x, y = x.to(DEV), y.to(DEV)
     eps = (0.01 * diam) ** 2
     kw = dict(eps=eps, tol=5e-5, check_every=1, n_iters=20_000)
     xs, ys = x.clone().requires_grad_(), y.clone().requires_grad_()
@@ -61,7 +63,7 @@ def test_100k_matches_streaming():
     rel_v = abs(float(v.detach()) / float(vr.detach()) - 1.0)
     rel_gx = float((gx - gxr).norm() / gxr.norm())
     rel_gy = float((gy - gyr).norm() / gyr.norm())
-    print(f"100k: value {rel_v:.2e}, grad x {rel_gx:.2e}, grad y {rel_gy:.2e} (relative)")
+    print(f"100k {shape}: value {rel_v:.2e}, grad x {rel_gx:.2e}, grad y {rel_gy:.2e} (relative)")
     assert rel_v <= 1e-4
     assert rel_gx <= 1e-3
     assert rel_gy <= 1e-3
@@ -82,7 +84,7 @@ def test_100k_matches_streaming():
                              s.eps)  # fmt: skip
     p64 = prepare(x.double(), y.double(), None, None, rho_x=None, rho_y=None, precision="ieee")
     dense64 = marginal_error(p64, TorchBackend(), s.f.double(), s.g.double(), s.eps)
-    print(f"100k: reported error {float(res.marginal_error):.4e}, untruncated float64 "
+    print(f"100k {shape}: reported error {float(res.marginal_error):.4e}, untruncated float64 "
           f"{float(dense64[0]):.4e}, float32 dense kernels {float(dense32[0]):.4e}")  # fmt: skip
     assert float(res.marginal_error) >= float(dense64[0]) - FP32_RESOLUTION
 
