@@ -163,13 +163,16 @@ class MultiscaleBackend(Backend):
         self._pending = None
         u_now = pat.skipped_bound(lx, ly, f, g, eps)
         u_last = u_now if last is pat else last.skipped_bound(lx, ly, f, g, eps)
-        stale, worst = torch.stack([(u_now > self.budget).any().double(), err.max().double()])
-        self._stale = bool(stale)
+        # one synchronisation for both
+        stale, worst = torch.stack(
+            [(u_now > self.budget).any().double(), err.max().double()]
+        ).tolist()
+        self._stale = stale > 0
         if REBUILD_DROP is not None:
             seen = self._first_err
             if seen is None or seen[0] is not pat:
-                self._first_err = (pat, float(worst))
-            elif float(worst) * REBUILD_DROP <= seen[1]:
+                self._first_err = (pat, worst)
+            elif worst * REBUILD_DROP <= seen[1]:
                 self._stale = True
         return err + 2.0 * torch.maximum(u_now, u_last).to(err.dtype)
 
