@@ -83,10 +83,14 @@ def _pair_search_kernel(
     HIST,                              # (B·NB,) float64 bin sums (pass 1)
     BEST_R, BEST_C,                    # (B·Tr,), (B·Tc,) float32 best bounds (pass 1 raises)
     CUT, SKIPPED, KEEP,                # pass 2: (B,) int64 first kept bin, (B,) float64, int8 flags
-    p0, Tr, Tc, eps, lo, pass_two,
+    PARAMS,                            # (2,) float64: eps, lowest histogram edge
+    p0, Tr, Tc, pass_two,
     NB: tl.constexpr, LOG_BINS: tl.constexpr, INV_BIN: tl.constexpr,
     BR: tl.constexpr, BC: tl.constexpr, INSIDE: tl.constexpr,
 ):
+    # float64 scalars through memory: a Python float argument is passed as float32
+    eps = tl.load(PARAMS)
+    lo = tl.load(PARAMS + 1)
     i_p = tl.program_id(0)
     o_r = tl.arange(0, BR)
     o_c = tl.arange(0, BC)
@@ -196,6 +200,7 @@ def search(R, C, inside, eps: float, budget: float, B: int, lo: float, log_bins:
     best_c = torch.full((B * Tc,), -torch.inf, dtype=torch.float32, device=dev)
     skipped = torch.zeros(B, dtype=torch.float64, device=dev)
     stats = _stat_args(R) + _stat_args(C)
+    params = torch.tensor([eps, lo], dtype=torch.float64, device=dev)
     consts = dict(NB=nb, LOG_BINS=log_bins, INV_BIN=1.0 / log_bin, **PAIR_CONFIG, **FP_FUSION)
     if inside is None:
         BR = BC = 16
@@ -209,7 +214,7 @@ def search(R, C, inside, eps: float, budget: float, B: int, lo: float, log_bins:
 
     def run(grid, keep, p0, cut, pass_two):
         launch(_pair_search_kernel, grid, *stats, sb, si, sj, hist, best_r, best_c, cut,
-               skipped, keep, p0, Tr, Tc, eps, lo, pass_two,
+               skipped, keep, params, p0, Tr, Tc, pass_two,
                BR=BR, BC=BC, INSIDE=inside is not None, **consts)  # fmt: skip
 
     no_keep = torch.zeros(1, dtype=torch.int8, device=dev)
