@@ -35,7 +35,9 @@ concatenated, about 64 while the CSR orders are sorted), and O(tiles). Two 3-D c
 points (62,500 tiles, about 3,900 super tiles a side): 15M super pairs, then about 1.2·10⁹
 tile-pair candidates in some 300 chunks; the peak is about 3 GB + 64 B per kept tile pair
 (16 GB at 5 % of the 3.9·10⁹ pairs kept), where evaluating the candidates at once would take
-well over 100 GB.
+well over 100 GB. On the Triton backend both passes are one kernel
+(``backends/triton/pair_search.py``) that evaluates blocks of pairs in registers and keeps
+only a flag per candidate of a pass-2 launch: the chunks and the cache are the torch path's.
 
 When the potentials move, each skipped pair's bound moves by (Δα_I + Δβ_J)/eps with the slopes
 kept fixed: :meth:`Pattern.skipped_bound` re-evaluates the total from the tiles' new α and β in
