@@ -116,7 +116,7 @@ def _hc_finalize_kernel(
         b_e = tl.exp2((b_zp - tl.max(b_zp, 1)[:, None]) * 1.4426950408889634)
         b_act = tl.where(is_pre, b_e / tl.sum(b_e, 1)[:, None], b_act)
     m_2d = m_m[:, None] & m_n[None, :]
-    tl.store(p_yraw + o_m[:, None].to(tl.int64) * NP + o_n[None, :], b_y, mask=m_m[:, None])
+    tl.store(p_yraw + o_m[:, None].to(tl.int64) * N + o_n[None, :], b_y, mask=m_2d)
     tl.store(p_r + o_m, b_r, mask=m_m)
     p_c = p_coef + o_m[:, None].to(tl.int64) * (2 * n) + o_n[None, :]
     tl.store(p_c, b_act, mask=m_2d & (o_n < 2 * n)[None, :])
@@ -221,7 +221,7 @@ def _hc_residual_bwd_kernel(
     i_t = tl.program_id(0).to(tl.int64)
     o_i = tl.arange(0, NS)
     m_i = o_i < n
-    if MIX:
+    if WRITE_DX and MIX:
         b_h = _load_hres(p_hres, i_t, n, NS)
     b_post = tl.load(p_coef + i_t * 2 * n + n + o_i, mask=m_i, other=0.0)
     b_dpost = tl.zeros((NS,), tl.float32)

@@ -144,7 +144,7 @@ def _pre_impl(
     softmax_pre: bool,
     mix: bool,
     fused: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     T, n, C = x.shape
     Kd = n * C
     NS, N, NP = _meta(n)
@@ -168,7 +168,7 @@ def _pre_impl(
         x, w, y_part, ss_part, T, Kd, N, k_split, s_wk, s_wn,
         BM=BM, BK=BK, NP=NP, PREC=prec, num_warps=4, **FP_FUSION,
     )  # fmt: skip
-    y_raw = _f32(x, (T, NP))
+    y_raw = _f32(x, (T, N))
     r = _f32(x, (T,))
     coef = _f32(x, (T, 2 * n))
     res_logits = _f32(x, (T, n, n))
@@ -187,18 +187,18 @@ def _pre_impl(
     else:
         u = x.new_empty((T, 0))
         sink = x.new_empty((0, n, C))
-    return u, coef[:, :n].contiguous(), coef[:, n:].contiguous(), h_res, sink, y_raw, r, res_logits
+    return u, coef[:, :n].contiguous(), coef[:, n:].contiguous(), h_res, sink, y_raw, r
 
 
 def _pre_fake(x, phi, a_pre, a_post, a_res, bias, n_iters, variant, eps, rms_eps, prec,
               softmax_pre, mix, fused):  # fmt: skip
     T, n, C = x.shape
-    _, _, NP = _meta(n)
+    _, N, _ = _meta(n)
     u = x.new_empty((T, C) if mix else (T, 0))
     sink = _sink(x) if mix else x.new_empty((0, n, C))
     return (
-        u, _f32(x, (T, n)), _f32(x, (T, n)), _f32(x, (T, n, n)), sink, _f32(x, (T, NP)),
-        _f32(x, (T,)), _f32(x, (T, n, n)),
+        u, _f32(x, (T, n)), _f32(x, (T, n)), _f32(x, (T, n, n)), sink, _f32(x, (T, N)),
+        _f32(x, (T,)),
     )  # fmt: skip
 
 
@@ -206,8 +206,11 @@ def _pre_setup(ctx, inputs, output):
     x, phi, a_pre, a_post, a_res, bias, n_iters, variant, eps, rms_eps, prec, sm, mix, fused = (
         inputs
     )
-    _, h_pre, h_post, h_res, _, y_raw, r, res_logits = output
-    ctx.save_for_backward(x, phi, a_pre, a_post, a_res, h_pre, h_post, h_res, y_raw, r, res_logits)
+    y_raw, r = output[5:]
+    # Only (y, r) per token: the coefficients, the projection's logits and H_res are recomputed
+    # from them in the backward (a few elementwise ops and one projection over T matrices).
+    # Keeping them made the op hold 73 fp32 values per token until the backward instead of 25.
+    ctx.save_for_backward(x, phi, a_pre, a_post, a_res, bias, y_raw, r)
     ctx.cfg = (n_iters, variant, eps, prec, sm, mix, fused)
 
 
@@ -227,12 +230,9 @@ def _pre_bwd_impl(
     a_pre: Tensor,
     a_post: Tensor,
     a_res: Tensor,
-    h_pre: Tensor,
-    h_post: Tensor,
-    h_res: Tensor,
+    bias: Tensor,
     y_raw: Tensor,
     r: Tensor,
-    res_logits: Tensor,
     n_iters: int,
     variant: str,
     eps: float,
@@ -247,6 +247,17 @@ def _pre_bwd_impl(
     dev = x.device
     # the dX kernels read φ with row stride N (the forward GEMM takes any strides)
     phi = phi.contiguous()
+    col = torch.arange(N, device=dev)
+    alpha = torch.where(
+        col < n, a_pre.float(), torch.where(col < 2 * n, a_post.float(), a_res.float())
+    )
+    inv_r = 1.0 / r[:, None]
+    # the forward's pre-activations z = alpha·y/r + b, in its order of operations
+    z = alpha * y_raw / r[:, None] + bias.float()
+    z_pre = z[:, :n]
+    h_pre = torch.softmax(z_pre, 1) if softmax_pre else torch.sigmoid(z_pre)
+    h_post = 2.0 * torch.sigmoid(z[:, n : 2 * n])
+    res_logits = z[:, 2 * n :].reshape(T, n, n).contiguous()
     coef = torch.cat([h_pre, h_post], 1)
     d_pre = dh_pre.float()
     if mix:
@@ -265,24 +276,22 @@ def _pre_bwd_impl(
     dz[:, n : 2 * n] = dh_post.float() * h_post * (1.0 - 0.5 * h_post)
     g = _SK.sk_backward_triton(res_logits, dh_res.float().contiguous(), n_iters, variant, eps)
     dz[:, 2 * n : N] = g.reshape(T, n * n)
-    col = torch.arange(NP, device=dev)
-    alpha = torch.where(
-        col < n, a_pre.float(), torch.where(col < 2 * n, a_post.float(), a_res.float())
-    )
-    alpha = torch.where(col < N, alpha, torch.zeros_like(alpha))
-    inv_r = 1.0 / r[:, None]
-    dzy = dz * y_raw * inv_r  # ∂L/∂alpha per entry
+    dzn = dz[:, :N]
+    dzy = dzn * y_raw * inv_r  # ∂L/∂alpha per entry
     d_a_pre = dzy[:, :n].sum().reshape(1)
     d_a_post = dzy[:, n : 2 * n].sum().reshape(1)
     d_a_res = dzy[:, 2 * n : N].sum().reshape(1)
-    d_bias = dz[:, :N].sum(0)
-    dy = (dz * alpha * inv_r).contiguous()
+    d_bias = dzn.sum(0)
+    # the dX and dφ kernels read dy with row stride NP (zero beyond N)
+    dy = torch.zeros((T, NP), device=dev, dtype=torch.float32)
+    dy[:, :N] = dzn * alpha * inv_r
     # z = alpha·y/r + b and r = sqrt(Σx²/K + rms_eps): ∂L/∂x += ρ·x, ρ = ∂L/∂r / (K r).
-    dr = -(dz * alpha * y_raw).sum(1) * inv_r[:, 0] ** 2
+    dr = -(dzn * alpha * y_raw).sum(1) * inv_r[:, 0] ** 2
     rcoef = (dr / (Kd * r)).contiguous()
     dx = torch.empty_like(x)
     if fused or not mix:
         # dsink is dX_next here (see _post_backward); H_resᵀ is applied in the dX pass.
+        h_res = _SK.sk_forward_triton(res_logits, n_iters, variant, eps)
         ieee = prec == "ieee"
         BM, BCX, warps = DX_CFG_IEEE if ieee else DX_CFG
         n_mb = cdiv(T, BM)
@@ -333,7 +342,7 @@ def _pre_bwd_fake(du, dh_pre, dh_post, dh_res, dsink, x, phi, a_pre, a_post, a_r
 _pre_bwd_op, _pre_bwd = _backward_op("mhc_pre_backward", _pre_bwd_impl, _pre_bwd_fake)
 
 
-pre_op, pre = _dual("mhc_pre", _pre_impl, _pre_fake, _pre_setup, _pre_backward, (5, 6, 7))
+pre_op, pre = _dual("mhc_pre", _pre_impl, _pre_fake, _pre_setup, _pre_backward, (5, 6))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -369,12 +378,16 @@ def _post_fake(x, f, h_post, h_res, sink, fused):
 
 def _post_setup(ctx, inputs, output):
     x, f, h_post, h_res, sink, fused = inputs
-    ctx.save_for_backward(x, f, h_post, h_res)
+    # The fused schedule applies H_resᵀ in the sink producer's dX pass (mhc_pre recomputes
+    # H_res there, mhc_mix keeps it): this op's backward then needs no H_res.
+    ctx.save_for_backward(x, f, h_post, *(() if fused else (h_res,)))
     ctx.fused = fused
 
 
 def _post_backward(ctx, dout):
-    x, f, h_post, h_res = ctx.saved_tensors
+    x, f, h_post, *h_res = ctx.saved_tensors
+    # with the fused schedule the kernel does not read H_res: any valid pointer will do
+    h_res = h_res[0] if h_res else h_post
     dx_res, df, dpost, dhres = _post_bwd(ctx, dout, x, f, h_post, h_res, ctx.fused, True)
     # The gradient of X goes to the sink: dX_next itself (the sink's producer applies H_resᵀ
     # in its dX pass) or dX_res = H_resᵀ·dX_next (unfused schedule); X gets none from here.

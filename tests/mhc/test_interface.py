@@ -67,7 +67,8 @@ def _split_run(module, h, f0, w, g):
         module.split(h)
     )  # fmt: skip
     out = add_residual(torch.tanh(u) * w + f0)
-    loss = (out * g).sum() + (h_res.to(out.dtype) * torch.arange(h_res.shape[-1])).sum()
+    k = torch.arange(h_res.shape[-1], device=out.device)
+    loss = (out * g).sum() + (h_res.to(out.dtype) * k).sum()
     loss = loss + u.square().sum()
     grads = torch.autograd.grad(loss, [h, f0, *module.parameters()])
     return [t.detach() for t in (u, out, h_res)], grads

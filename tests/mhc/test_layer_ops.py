@@ -60,10 +60,10 @@ def test_opcheck_backward_ops(device, mix, fused):
     phi, bias = phi.to(device), bias.to(device)
     alphas = [a.to(device) for a in alphas]
     out = L.pre_op(x, phi, *alphas, bias, 3, "log", 0.0, 1e-6, "ieee", False, mix, fused)
-    u, h_pre, h_post, h_res, sink, y_raw, r, res_logits = out
+    u, h_pre, h_post, h_res, sink, y_raw, r = out
     du, dsink = torch.randn_like(u), torch.randn(sink.shape, device=device)
     grads = (du, torch.randn_like(h_pre), torch.randn_like(h_post), torch.randn_like(h_res), dsink)
-    saved = (x, phi, *alphas, h_pre, h_post, h_res, y_raw, r, res_logits)
+    saved = (x, phi, *alphas, bias, y_raw, r)
     torch.library.opcheck(L._pre_bwd_op, (*grads, *saved, 3, "log", 0.0, "ieee", False, mix, fused))
     f = torch.randn(T, C, device=device)
     dout = torch.randn_like(x)
@@ -84,6 +84,8 @@ def test_fake_shapes_and_dtypes():
     assert h_pre.shape == h_post.shape == (T, n) and h_res.shape == (T, n, n)
     assert {t.dtype for t in (h_pre, h_post, h_res)} == {torch.float32}
     assert sink.shape == x.shape and sink.dtype == x.dtype and sink.stride() == (0, 0, 0)
+    y_raw, r = out[5:]
+    assert y_raw.shape == (T, 24) and r.shape == (T,)
     f = torch.empty(T, C, device="meta", dtype=torch.float32)
     out = L.post_op(x, f, h_post, h_res, sink, True)
     assert out.shape == x.shape and out.dtype == torch.bfloat16
@@ -312,3 +314,33 @@ def test_layer_kernels_compile_for_sm90():
     if "skip" in out:
         pytest.skip(f"this Triton's compile API: {out['skip']}")
     assert out == {"ok": True}
+
+
+def test_dynamic_layer_keeps_few_fp32_values_per_token(device):
+    # What one dynamic layer keeps alive for its backward besides X and the branch output: the
+    # GEMM output y (24 fp32 per token for n = 4), r (1) and H_post (4, for dF). H_pre, H_res
+    # and the projection's logits are recomputed in the backward; keeping them, and y padded
+    # to 32 columns, made it 73.
+    torch.manual_seed(0)
+    n, C, T = 4, 16, 9
+    hc = HyperConnection(C, n, n_iters=3, backend="triton", gemm_precision="ieee").to(device)
+    x = torch.randn(T, n, C, device=device, requires_grad=True)
+    saved, own = {}, set()
+
+    def pack(t):
+        st = t.untyped_storage()
+        per_tok = t.dim() >= 1 and t.shape[0] == T  # not φ, the alphas or the bias
+        if per_tok and t.dtype == torch.float32 and st.data_ptr() not in own:
+            saved[st.data_ptr()] = st.nbytes() // 4
+        return t
+
+    own.add(x.untyped_storage().data_ptr())
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        u, add_residual, _ = hc.split(x)
+        f = 2.0 * u  # a branch that saves nothing
+        own.add(f.untyped_storage().data_ptr())
+        out = add_residual(f)
+    per_token = sum(saved.values()) / T
+    assert per_token == 24 + 1 + 4, sorted(saved.values())
+    out.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
