@@ -55,6 +55,15 @@ def operands(rows: Side, cols: Side, precision: str):
     return rows.x, cols.x, 1.0, precision
 
 
+def even_d(cfg, d: int, *ops: torch.Tensor) -> bool:
+    """The kernels' EVEN_D: one feature tile exactly d wide (no feature mask), and every
+    operand's rows and batches start at multiples of 16 elements, which the kernels pass on to
+    the compiler as an alignment hint (tiles.batch_base): their tile loads then vectorise."""
+    if d != cfg.block_d or cfg.d_tiles != 1:
+        return False
+    return all(t.stride(0) % 16 == 0 and t.stride(1) % 16 == 0 for t in ops)
+
+
 def is_half(operand: torch.Tensor, flag: str) -> bool:
     """One 16-bit score operand per point (not the split parts of "f16x3")."""
     return operand.dtype in (torch.float16, torch.bfloat16) and flag != "f16x3"

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from ..._triton_launch import FP_FUSION, cdiv, launch
 from .configs import lse_config
-from .operands import cost_args, is_half, operands
+from .operands import cost_args, even_d, is_half, operands
 from .softmin import (
     SOFTMIN_DYNAMIC,
     _softmin_rows,
@@ -137,7 +137,7 @@ def pair_step(first: tuple, second: tuple, eps: float, alpha: float, want_raw: b
         float(R1.sq_floor),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
         PRECISION=prec, WRITE_RAW=want_raw, COST=cost,
-        EVEN_D=d == cfg.block_d and cfg.d_tiles == 1, LARGE=large,
+        EVEN_D=even_d(cfg, d, xr1, xc1, xr2, xc2), LARGE=large,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **FP_FUSION,
     )  # fmt: skip
     if split > 1:

@@ -23,10 +23,10 @@ from ...tuning import TUNING
 from ..kernel_costs import cost_id
 from . import configs, softmin, sums
 from .configs import FINISH_BLOCK, FINISH_PARTS, self_plan_config
-from .operands import is_half, operands
+from .operands import even_d, is_half, operands
 from .plan import _plan_finish_rows, _plan_program
 from .split import sm_count, split_count
-from .tiles import SQEUCLIDEAN, col_bias, cost_scores, plan_row_block, score_tile
+from .tiles import SQEUCLIDEAN, batch_base, col_bias, cost_scores, plan_row_block, score_tile
 
 _DYNAMIC = [
     "n",
@@ -86,7 +86,7 @@ def _self_block(
         X, Xsq, U, i_b64, i_r, n, d, s_xb, s_xn, s_fb,
         BLOCK_M, BLOCK_D, D_TILES, PRECISION, COST, EVEN_D,
     )  # fmt: skip
-    p_c0 = X + i_b64 * s_xb
+    p_c0 = batch_base(X, i_b64, s_xb, EVEN_D)
     # NULLS: zero-weight points carry a finite bias (their weight left out) so that their own
     # rows get their sums; their entries are kept out of every other point's sum here.
     b_live_r = m_m
@@ -332,7 +332,7 @@ def _self_step(X, f, eps, alpha, beta, want_raw, precision, phase):
         xx.stride(0), xx.stride(1), f.stride(0), B * n,
         float(eps), float(dot_scale), float(X.sq_floor),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
-        PRECISION=prec, COST=cost, EVEN_D=d == cfg.block_d and cfg.d_tiles == 1, NULLS=nulls,
+        PRECISION=prec, COST=cost, EVEN_D=even_d(cfg, d, xx), NULLS=nulls,
         **cfg.launch_options(), **FP_FUSION,
     )  # fmt: skip
     launch(_plan_self_finish_kernel, grid,

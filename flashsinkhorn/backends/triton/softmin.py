@@ -18,10 +18,11 @@ from ..._triton_launch import FP_FUSION, cdiv, launch
 from ...problem import Side
 from .. import kernel_costs
 from .configs import COMBINE_BLOCK, lse_config
-from .operands import cost_args, is_half, operands
+from .operands import cost_args, even_d, is_half, operands
 from .split import pair_split, plan_split
 from .tiles import (
     SQEUCLIDEAN,
+    batch_base,
     col_bias,
     cost_scores,
     expm1,
@@ -95,8 +96,8 @@ def _softmin_rows(
     # EVEN_D (d == BLOCK_D, one feature tile): no feature mask, so the tile loads vectorise.
     m_dd = (o_d < BLOCK_D) if EVEN_D else (o_d < d)
     # [BLOCK_M, BLOCK_D] row tile pointers; the column base of this problem
-    p_r = R + i_b64 * s_rb + o_m.to(tl.int64)[:, None] * s_rn + o_d[None, :]
-    p_c0 = C + i_b64 * s_cb
+    p_r = batch_base(R, i_b64, s_rb, EVEN_D) + o_m.to(tl.int64)[:, None] * s_rn + o_d[None, :]
+    p_c0 = batch_base(C, i_b64, s_cb, EVEN_D)
     b_r = tl.zeros([BLOCK_M, BLOCK_D], R.dtype.element_ty)  # placeholder when D_TILES > 1
     b_rl = b_r
     if D_TILES == 1:
@@ -399,7 +400,7 @@ def softmin(
         float(eps), float(alpha), float(beta), float(dot_scale), float(cols.sq_floor), lscale,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
         PRECISION=precision, WRITE_RAW=want_raw, COST=cost, LABELS=labels,
-        EVEN_D=d == cfg.block_d and cfg.d_tiles == 1, LARGE=large,
+        EVEN_D=even_d(cfg, d, xr, xc), LARGE=large,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **FP_FUSION,
     )  # fmt: skip
     if split > 1:
@@ -463,7 +464,7 @@ def symmetric_step(
         float(X.sq_floor), lscale,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
         PRECISION=precision, WRITE_RAW=want_raw, COST=cost, LABELS=labels,
-        EVEN_D=d == cfg.block_d and cfg.d_tiles == 1, LARGE=large,
+        EVEN_D=even_d(cfg, d, xx, xy), LARGE=large,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **FP_FUSION,
     )  # fmt: skip
     if split > 1:

@@ -25,6 +25,18 @@ EUCLIDEAN = tl.constexpr(kernel_costs.EUCLIDEAN)
 
 
 @triton.jit
+def batch_base(P, i_b64, s_b, EVEN_D: tl.constexpr):
+    # Start of problem i_b's points. EVEN_D promises (the launchers check it, operands.even_d)
+    # that rows and batches start at multiples of 16 elements: the hint lets the compiler prove
+    # the tile rows 16-byte aligned, so their loads vectorise and software-pipeline (cp.async).
+    # Without it the run-time batch stride leaves them 2-byte scalar loads.
+    off = i_b64 * s_b
+    if EVEN_D:
+        off = tl.multiple_of(off, 16)
+    return P + off
+
+
+@triton.jit
 def load_parts(p_t, m_t, d, PRECISION: tl.constexpr):
     # A tile of score operands and, for PRECISION "f16x3", its low float16 part (stored d
     # columns to the right, problem.split_half); otherwise the tile twice (no second load).
@@ -48,7 +60,7 @@ def plan_row_block(
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_m = o_m < n_x
     o_d = tl.arange(0, BLOCK_D)
-    p_r = X + i_b64 * s_xb + o_m.to(tl.int64)[:, None] * s_xn + o_d[None, :]
+    p_r = batch_base(X, i_b64, s_xb, EVEN_D) + o_m.to(tl.int64)[:, None] * s_xn + o_d[None, :]
     # EVEN_D (d == BLOCK_D): no feature mask, so the tile loads stay vectorised.
     m_dd = (o_d < BLOCK_D) if EVEN_D else (o_d < d)
     b_r = tl.zeros([BLOCK_M, BLOCK_D], X.dtype.element_ty)
