@@ -37,6 +37,9 @@ class Tuning:
         prepare_graphs: replay the Triton prepare launches from a CUDA graph.
         plan_step: the symmetric step reads both soft-mins off one plan sweep where eligible
             (backends/triton/plan.py). False: two soft-min sweeps (one fused launch).
+        plan_half: the alternating half-steps from an iterate read the soft-min off the row
+            sums of the plan, shifted by the old potential (plan.py ``half_step``). False:
+            the online-LSE sweep.
         softmin_split: force the number of column chunks of a split soft-min sweep; None lets
             the occupancy policy decide.
         transport_split: the same for the transport (P @ V) sweeps.
@@ -60,6 +63,7 @@ class Tuning:
     prepare_path: str = "auto"
     prepare_graphs: bool = True
     plan_step: bool = True
+    plan_half: bool = True
     softmin_split: int | None = None
     transport_split: int | None = None
     wave_split: bool = True

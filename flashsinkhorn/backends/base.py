@@ -61,6 +61,25 @@ class Backend(ABC):
             ``(alpha * old + beta * T, T or None)``, both (B, n).
         """
 
+    def half_step(
+        self,
+        rows: Side,
+        cols: Side,
+        col_pot: torch.Tensor,
+        eps: float,
+        old: torch.Tensor,
+        alpha: float,
+        beta: float,
+        want_raw: bool,
+        precision: str,
+        phase: str = "cold",
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A half-step of the alternating schedule: :meth:`softmin`, told where ``old`` stands
+        in the loop (``phase`` as in :meth:`symmetric_step`), so that a backend may read the
+        soft-min off the row sums of the plan of (old, col_pot), shifted by ``old`` (Triton:
+        plan.py). Results do not depend on it beyond rounding."""
+        return self.softmin(rows, cols, col_pot, eps, old, alpha, beta, want_raw, precision)
+
     def symmetric_step(
         self,
         X: Side,

@@ -71,13 +71,13 @@ def _weights(phase: str, plain: bool, theta: float = 0.5) -> tuple[float, float]
     return (0.0, 1.0) if plain or phase == "zero" else (1.0 - theta, theta)
 
 
-def _relax(backend, rows, cols, col_pot, eps, old, lam, omega, want_raw, prec):
+def _relax(backend, rows, cols, col_pot, eps, old, lam, omega, want_raw, prec, phase):
     """The half-step ``(1 − ω) old + ω λ T`` (ω = 1: the plain soft-min). A scalar ω is fused
     into the kernel's epilogue; a per-problem ω (a (B, 1) tensor) mixes afterwards."""
     if not isinstance(omega, torch.Tensor):
-        return backend.softmin(rows, cols, col_pot, eps, old, 1.0 - omega, omega * lam,
-                               want_raw, prec)  # fmt: skip
-    new, raw = backend.softmin(rows, cols, col_pot, eps, old, 0.0, lam, want_raw, prec)
+        return backend.half_step(rows, cols, col_pot, eps, old, 1.0 - omega, omega * lam,
+                                 want_raw, prec, phase)  # fmt: skip
+    new, raw = backend.half_step(rows, cols, col_pot, eps, old, 0.0, lam, want_raw, prec, phase)
     return torch.lerp(old, new, omega.to(new.dtype)), raw
 
 
@@ -115,8 +115,9 @@ def _step(problem, backend, f, g, eps, schedule, phase, want_raw, plain=False, o
         return f_new, g_new, err
     wf = 1.0 if phase == "zero" else omega
     wg = wf if omega_g is None else omega_g
-    f_new, tf = _relax(backend, X, Y, g, eps, f, lx, wf, want_raw, prec)
-    g_new, _ = _relax(backend, Y, X, f_new, eps, g, ly, wg, False, prec)
+    # From zero potentials the plan's sums are far from the weights: the plain sweeps.
+    f_new, tf = _relax(backend, X, Y, g, eps, f, lx, wf, want_raw, prec, phase)
+    g_new, _ = _relax(backend, Y, X, f_new, eps, g, ly, wg, False, prec, phase)
     # The input g was the plain soft-min of the input f, so the column marginal was exact.
     err = side_error(X, f, tf, eps) if want_raw else None
     return f_new, g_new, err
@@ -331,8 +332,10 @@ def _run_anderson(problem, backend, f, g, eps, opts, phase, done):
     converged, err = False, None
     for k in range(opts.n_iters):
         if alternating:
-            f, _ = backend.softmin(X, Y, g, eps, f, 0.0, lx, False, prec)
-            g_img, tg = backend.softmin(Y, X, f, eps, g, 0.0, ly, True, prec)
+            # the old potentials shift the half-steps' plan sweeps (Backend.half_step)
+            ph = phase if k == 0 else "iterate"
+            f, _ = backend.half_step(X, Y, g, eps, f, 0.0, lx, False, prec, ph)
+            g_img, tg = backend.half_step(Y, X, f, eps, g, 0.0, ly, True, prec, ph)
             err = side_error(Y, g, tg, eps)
         else:
             f_img, g_img, tf, tg = backend.symmetric_step(

@@ -18,6 +18,19 @@ class TritonBackend(Backend):
     def softmin(self, rows, cols, col_pot, eps, old, alpha, beta, want_raw, precision):
         return softmin.softmin(rows, cols, col_pot, eps, old, alpha, beta, want_raw, precision)
 
+    def half_step(
+        self, rows, cols, col_pot, eps, old, alpha, beta, want_raw, precision, phase="cold"
+    ):  # fmt: skip
+        # TUNING.plan_half: from an iterate, the row sums of the plan of (old, col_pot) give
+        # the half-step without a running max (plan.py); False: the online-LSE sweep.
+        if (
+            phase in ("second", "iterate")
+            and TUNING.plan_half
+            and plan.half_eligible(rows, cols, eps)
+        ):
+            return plan.half_step(rows, cols, col_pot, eps, old, alpha, beta, want_raw, precision)
+        return self.softmin(rows, cols, col_pot, eps, old, alpha, beta, want_raw, precision)
+
     def symmetric_step(
         self, X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, phase="cold"
     ):  # fmt: skip

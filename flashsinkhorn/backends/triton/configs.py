@@ -84,6 +84,12 @@ def _lse_config(d: int, half_operands: bool, interp: bool) -> LSEConfig:
     return LSEConfig(128, 128, block_d, cdiv(d, block_d), 8, 3)
 
 
+def half_config(d: int, half_operands: bool = False) -> LSEConfig:
+    """Tile shape of the plan half-step (plan.py ``half_step``): the soft-min's, whose sweep
+    it repeats without the running max."""
+    return _lse_config(d, bool(half_operands), interpreting())
+
+
 def plan_config(d: int, half_operands: bool = False) -> LSEConfig:
     """Tile shape of the plan step (plan.py), one sweep for both half-steps at feature size d.
 

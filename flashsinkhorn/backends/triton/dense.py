@@ -16,6 +16,7 @@ import triton.language as tl
 
 from ..._triton_launch import FP_FUSION, cdiv
 from ...problem import Problem, Side
+from ..base import Backend
 from ..torch_ref import matmul_precision
 from . import TritonBackend
 from .configs import (
@@ -117,6 +118,9 @@ class DenseTritonBackend(TritonBackend):
         # fp32 whatever autocast region the caller runs in (the kernels read K as fp32)
         with _no_autocast(X.x.device), matmul_precision(prec, X.x.device):
             self.gram = torch.bmm(X.x.float(), y.transpose(1, 2)).contiguous()
+
+    # The stored scores serve every half-step: no plan sweep over recomputed tiles.
+    half_step = Backend.half_step
 
     def softmin(self, rows: Side, cols: Side, col_pot, eps, old, alpha, beta, want_raw, precision):
         if not (
