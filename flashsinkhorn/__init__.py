@@ -39,6 +39,12 @@ from . import distributed  # noqa: E402
 
 __all__ += ["distributed"]
 
+# Couplings for flow matching: pairs drawn from streamed plans; flashsinkhorn.coupling.
+from . import coupling  # noqa: E402
+from .coupling import OTPlanSampler, couple, couple_indices, plan_argmax, sample_pairs  # noqa: E402
+
+__all__ += ["OTPlanSampler", "couple", "couple_indices", "coupling", "plan_argmax", "sample_pairs"]
+
 # mHC (batched small-matrix Sinkhorn–Knopp and the hyper-connection layer): flashsinkhorn.mhc.
 # Imported on first access: it imports Triton at module level (~150 ms on CPU).
 __all__ += ["mhc"]

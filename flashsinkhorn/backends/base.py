@@ -212,6 +212,41 @@ class Backend(ABC):
         """
         raise NotImplementedError(f"backend {self.name!r} has no transport gradient")
 
+    # Sampling from a plan (docs/couplings.md). Not abstract, like the transports.
+
+    def plan_argmax(
+        self,
+        rows: Side,
+        cols: Side,
+        col_pot: torch.Tensor,
+        eps: float,
+        precision: str,
+        idx: torch.Tensor | None = None,
+        seed: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The column of largest plan entry of each row, optionally Gumbel-perturbed.
+
+        For a row i the plan's columns are P_ij ∝ w^C_j exp((col_pot_j − C_ij) / eps); the
+        row factor does not move the argmax, so the row potential is not needed. With
+        ``seed`` the argmax is of log P_ij + G_ij, G the counter-based Gumbel noise of
+        backends/gumbel.py for the draw counters b·k + r: a draw j ~ P_i· per row. The plan
+        is streamed, never stored.
+
+        Args:
+            rows: the side of the rows, n points.
+            cols: the side of the columns, m points.
+            col_pot: (B, m) potential of the column side.
+            eps: entropic regularisation of the plan.
+            precision: "ieee", "tf32" or "tf32x3" for the dot products.
+            idx: (B, k) int64 rows to visit (draw r reads row idx[b, r]); None: every row.
+            seed: (2,) int64 seed words (backends/gumbel.py) on the problem's device; None:
+                the plain argmax.
+
+        Returns:
+            (B, k) int64 column indices (k = n when ``idx`` is None).
+        """
+        raise NotImplementedError(f"backend {self.name!r} has no plan sampler")
+
     def bound_error(self, err: torch.Tensor) -> torch.Tensor:
         """(B,) marginal error of the exact plan from the error measured by the last soft-mins
         (``want_raw``): the identity, except for a backend that visits part of the plan only

@@ -102,9 +102,14 @@ def _side(rows: torch.Tensor, w: torch.Tensor, rho: float | None, has_null: bool
     return Side(rows, sq, w, w.log(), rho, has_null=has_null, cost=MATRIX)
 
 
+def col_scores(rows: Side, sl: slice, cols: Side, col_pot, eps: float):
+    """(B, r, m) log P_ij without the row term: (p_j − C_ij) / eps + log w_j, rows of C."""
+    return (col_pot[:, None, :] - rows.x[:, sl]) / eps + cols.logw[:, None, :]
+
+
 def log_plan(rows: Side, cols: Side, row_pot, col_pot, eps: float, sl=slice(None)):
     """(B, r, m) log P_ij = (p_i + p_j − C_ij) / eps + log w_i + log w_j of a block of rows."""
-    z = (col_pot[:, None, :] - rows.x[:, sl]) / eps + cols.logw[:, None, :]
+    z = col_scores(rows, sl, cols, col_pot, eps)
     return z + (row_pot[:, sl] / eps + rows.logw[:, sl])[:, :, None]
 
 
@@ -139,6 +144,10 @@ class MatrixBackend(Backend):
     def transport(self, rows, cols, row_pot, col_pot, eps, V, A, Bw, precision):
         return torch_ref.transport(rows, cols, row_pot, col_pot, eps, V, A, Bw, precision,
                                    self.chunk_elements, row_softmax=_row_softmax)  # fmt: skip
+
+    def plan_argmax(self, rows, cols, col_pot, eps, precision, idx=None, seed=None):
+        return torch_ref.plan_argmax(rows, cols, col_pot, eps, precision, idx, seed,
+                                     self.chunk_elements, row_scores=col_scores)  # fmt: skip
 
     def transport_grad(self, rows, cols, row_pot, col_pot, eps, precision):
         raise ValueError(

@@ -16,10 +16,13 @@ for potentials far from a fixed point. Pᵀ U is the same operator with the two 
 from __future__ import annotations
 
 import contextlib
+import math
+from dataclasses import replace
 
 import torch
 
 from ..problem import Side
+from . import gumbel
 from .base import Backend
 from .kernel_costs import cost_from_sq, grad_weight, shifted
 
@@ -257,6 +260,57 @@ def expanded_softmin(rows: Side, sl: slice, cols: Side, col_pot, eps: float, z, 
     return torch.where(spread <= 1.0, expanded, plain)
 
 
+def gather_rows(side: Side, idx: torch.Tensor) -> Side:
+    """The side restricted to rows ``idx`` (B, k) of each problem (a batch of k-point sides)."""
+
+    def take(t):
+        if t is None:
+            return None
+        index = idx if t.dim() == 2 else idx[..., None].expand(-1, -1, t.shape[2])
+        return torch.gather(t, 1, index)
+
+    return replace(side, x=take(side.x), sq=take(side.sq), w=take(side.w),
+                   logw=take(side.logw), labels=take(side.labels), xk=None, mean=None,
+                   mass_of=None)  # fmt: skip
+
+
+def plan_argmax(
+    rows: Side,
+    cols: Side,
+    col_pot: torch.Tensor,
+    eps: float,
+    precision: str,
+    idx: torch.Tensor | None = None,
+    seed: torch.Tensor | None = None,
+    chunk_elements: int = CHUNK_ELEMENTS,
+    row_scores=None,
+) -> torch.Tensor:
+    """Row argmax of the plan, Gumbel-perturbed with ``seed``; see Backend.plan_argmax.
+
+    ``row_scores(rows, sl, cols, col_pot, eps) -> (B, r, m)`` gives the log-domain scores of a
+    row block up to a row constant (default: :func:`block_scores`; a cost-matrix backend
+    passes its own)."""
+    side = rows if idx is None else gather_rows(rows, idx)
+    B, k = side.sq.shape
+    m = cols.x.shape[1]
+    out = torch.empty((B, k), dtype=torch.int64, device=rows.x.device)
+    cols_j = torch.arange(m, device=rows.x.device)
+    draws = torch.arange(B, device=rows.x.device)[:, None] * k
+    if row_scores is None:
+        row_scores = lambda *a: block_scores(*a)[0]  # noqa: E731
+    # the noise holds a few int64 temporaries per score: smaller blocks than the transports
+    budget = chunk_elements // 8 if seed is not None else chunk_elements
+    with matmul_precision(precision, rows.x.device):
+        for sl in row_chunks(B, k, m, budget):
+            z = row_scores(side, sl, cols, col_pot.to(rows.sq.dtype), eps)
+            if seed is not None:
+                r = torch.arange(sl.start, sl.stop, device=rows.x.device)
+                keys = gumbel.draw_keys(seed, draws + r[None, :])[..., None]
+                z = z + math.log(2.0) * gumbel.gumbel2(seed, keys, cols_j).to(z.dtype)
+            out[:, sl] = z.argmax(-1)
+    return out
+
+
 class TorchBackend(Backend):
     """Reference backend built from batched matmuls and ``torch.logsumexp``."""
 
@@ -293,3 +347,6 @@ class TorchBackend(Backend):
 
     def transport_grad(self, rows, cols, row_pot, col_pot, eps, precision):
         return transport_grad(rows, cols, row_pot, col_pot, eps, precision, self.chunk_elements)
+
+    def plan_argmax(self, rows, cols, col_pot, eps, precision, idx=None, seed=None):
+        return plan_argmax(rows, cols, col_pot, eps, precision, idx, seed, self.chunk_elements)

@@ -226,6 +226,11 @@ class MultiscaleBackend(Backend):
         grad = 2.0 * marg[..., None] * (x - bary[..., :d].to(x.dtype))
         return lr.unsort(grad).to(rows.sq.dtype), lr.unsort(marg)
 
+    def plan_argmax(self, rows, cols, col_pot, eps, precision, idx=None, seed=None):
+        """Every column of a visited row, swept by the base backend (the pattern's truncation
+        is for sums; an argmax or a draw of the untruncated plan costs one sweep)."""
+        return self.base.plan_argmax(rows, cols, col_pot, eps, precision, idx, seed)
+
     def transport(self, rows, cols, row_pot, col_pot, eps, V, A, Bw, precision):
         """(P ∘ A Bwᵀ) V and P 1 on the plan restricted to a pattern whose skipped mass at these
         potentials is below the budget (torch operations)."""

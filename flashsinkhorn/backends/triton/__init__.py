@@ -70,6 +70,11 @@ class TritonBackend(Backend):
 
         return transport.transport_grad(rows, cols, row_pot, col_pot, eps, precision)
 
+    def plan_argmax(self, rows, cols, col_pot, eps, precision, idx=None, seed=None):
+        from . import sample
+
+        return sample.plan_argmax(rows, cols, col_pot, eps, precision, idx, seed)
+
     def dual_value(self, problem, f, g, eps):
         # One launch (sums.py) in float32. resolve_backend keeps float64 off this backend; the
         # check keeps the contract (None: use the torch formula) explicit.

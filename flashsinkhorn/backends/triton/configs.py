@@ -90,6 +90,19 @@ def half_config(d: int, half_operands: bool = False) -> LSEConfig:
     return _lse_config(d, bool(half_operands), interpreting())
 
 
+def sample_config(d: int, half_operands: bool = False) -> LSEConfig:
+    """Tile shape of the plan argmax / sampling sweep (sample.py) at feature size d.
+
+    The soft-min's shapes (:func:`lse_config`) with row blocks of at most 128 draws: the sweep
+    is the soft-min's (one score dot per tile) plus a counter hash and two log2 per score
+    instead of one exp2, and its running state is a (max, index) pair per row.
+    """
+    cfg = lse_config(d, half_operands)
+    if cfg.block_m > 128:
+        return dataclasses.replace(cfg, block_m=128)
+    return cfg
+
+
 def plan_config(d: int, half_operands: bool = False) -> LSEConfig:
     """Tile shape of the plan step (plan.py), one sweep for both half-steps at feature size d.
 
