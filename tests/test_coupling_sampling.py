@@ -119,12 +119,12 @@ def test_reproducible_from_seed_generator_and_global_rng():
     res = _problem()
     a = fs.sample_pairs(res, 50, seed=11)
     b = fs.sample_pairs(res, 50, generator=torch.Generator().manual_seed(11))
-    assert all(torch.equal(u, v) for u, v in zip(a, b))
+    assert all(torch.equal(u, v) for u, v in zip(a, b, strict=True))
     torch.manual_seed(3)
     c = fs.sample_pairs(res, 50)
     torch.manual_seed(3)
     d = fs.sample_pairs(res, 50)
-    assert all(torch.equal(u, v) for u, v in zip(c, d))
+    assert all(torch.equal(u, v) for u, v in zip(c, d, strict=True))
     assert not torch.equal(a[1], fs.sample_pairs(res, 50, seed=12)[1])
 
 
