@@ -9,6 +9,8 @@ distance between the two batches (docs/couplings.md).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import _validation as V
@@ -44,10 +46,13 @@ def flatten(name: str, x: object) -> torch.Tensor:
 
 def cost_scale(x0: torch.Tensor, x1: torch.Tensor) -> tuple[float, float]:
     """(mean squared distance between the batches, squared bounding-box diagonal), read back
-    in one synchronisation.
+    in one synchronisation, which also checks the values for NaN and inf.
 
     The mean of ‖x0_i − x1_j‖² over all pairs is tr Cov(x0) + tr Cov(x1) + ‖mean x0 −
     mean x1‖² (no n × m term, no cancellation of large norms).
+
+    Raises:
+        ValueError: NaN or inf in ``x0`` or ``x1`` (named); two identical single points.
     """
     with torch.no_grad():
         a = x0.float() if x0.dtype != torch.float64 else x0
@@ -56,22 +61,27 @@ def cost_scale(x0: torch.Tensor, x1: torch.Tensor) -> tuple[float, float]:
         msd = msd + (a.mean(0) - b.mean(0)).square().sum()
         box = torch.maximum(a.amax(0), b.amax(0)) - torch.minimum(a.amin(0), b.amin(0))
         msd_v, box2_v = torch.stack([msd, box.square().sum()]).tolist()
+    if not math.isfinite(msd_v):
+        for name, t in (("x0", x0), ("x1", x1)):
+            if not bool(torch.isfinite(t).all()):
+                raise ValueError(f"{name} must not contain NaN or inf")
+        raise ValueError("the squared distances between x0 and x1 overflow; rescale the data")
+    if not msd_v > 0:
+        raise ValueError(
+            "x0 and x1 are the same single point (zero mean squared distance): every coupling "
+            "is optimal"
+        )
     return msd_v, box2_v
 
 
-def mode_eps(mode: str, x0: torch.Tensor, x1: torch.Tensor) -> tuple[float, float]:
-    """(default eps of ``mode``, mean squared distance) for two flattened batches."""
-    msd, box2 = cost_scale(x0, x1)
-    if not msd > 0:
-        raise ValueError(
-            "x0 and x1 are the same single point (zero mean squared distance): every coupling "
-            "is optimal; pass eps explicitly to solve anyway"
-        )
+def default_eps(mode: str, msd: float, box2: float, dtype: torch.dtype) -> float:
+    """The eps of ``mode`` for a mean squared distance ``msd`` (and squared bounding-box
+    diagonal ``box2``, which sets the plan floor of the near-exact mode)."""
     if mode != "exact":
-        return REL_EPS * msd, msd
-    dtype = torch.float64 if x0.dtype == torch.float64 else torch.float32
-    floor = limits.PLAN_FLOOR_ULPS * torch.finfo(dtype).eps * box2
-    return max(EXACT_REL_EPS * msd, FLOOR_MARGIN * floor), msd
+        return REL_EPS * msd
+    pdtype = torch.float64 if dtype == torch.float64 else torch.float32
+    floor = limits.PLAN_FLOOR_ULPS * torch.finfo(pdtype).eps * box2
+    return max(EXACT_REL_EPS * msd, FLOOR_MARGIN * floor)
 
 
 def solve_batches(
@@ -85,22 +95,26 @@ def solve_batches(
     n_iters: int,
     backend: str,
     precision: str,
+    scale: float = 1.0,
 ) -> SinkhornResult:
-    """The solve behind a coupling of two flattened batches (validated options)."""
+    """The solve behind a coupling of two flattened, checked batches.
+
+    ``eps`` and ``rho`` are absolute (times ``scale``); None takes the mode's default from the
+    cost scale. The cost-scale read is the one synchronisation besides the solver's own.
+    """
     mode = V.check_choice("mode", mode, MODES)
     if rho is not None and mode != "unbalanced":
         raise ValueError(f"rho is for mode='unbalanced', got mode={mode!r}")
-    msd = None
+    eps = None if eps is None else V.check_positive("eps", eps) * scale
+    rho = None if rho is None else V.check_positive("rho", rho) * scale
+    msd, box2 = cost_scale(x0, x1)
     if eps is None:
-        eps, msd = mode_eps(mode, x0, x1)
-    rho_v = None
-    if mode == "unbalanced":
-        if rho is None:
-            msd = mode_eps(mode, x0, x1)[1] if msd is None else msd
-            rho = msd
-        rho_v = V.check_positive("rho", rho)
-    return sinkhorn(x0, x1, eps=eps, rho_x=rho_v, rho_y=rho_v, tol=tol, n_iters=n_iters,
-                    backend=backend, precision=precision)  # fmt: skip
+        eps = default_eps(mode, msd, box2, x0.dtype)
+    if mode == "unbalanced" and rho is None:
+        rho = msd
+    # the values were checked by the cost-scale read
+    return sinkhorn(x0, x1, eps=eps, rho_x=rho, rho_y=rho, tol=tol, n_iters=n_iters,
+                    backend=backend, precision=precision, check_finite=False)  # fmt: skip
 
 
 @entry_point
@@ -139,8 +153,6 @@ def couple_indices(
     replace = V.check_bool("replace", replace)
     if not replace and k > n:
         raise ValueError(f"k must be <= len(x0) = {n} without replacement, got {k}")
-    if eps is not None:
-        eps = V.check_positive("eps", eps)
     gen = resolve_generator(generator, seed, f0.device)
     with torch.no_grad():
         res = solve_batches(f0.detach(), f1.detach(), eps=eps, mode=mode, rho=rho, tol=tol,

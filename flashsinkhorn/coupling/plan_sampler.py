@@ -15,7 +15,7 @@ import torch
 from .. import _validation as V
 from .._boundary import entry_point
 from ..result import SinkhornResult
-from .couple import flatten, mode_eps, solve_batches
+from .couple import flatten, solve_batches
 from .sampling import draw_columns, draw_rows, resolve_generator
 
 METHODS = ("exact", "sinkhorn", "unbalanced")
@@ -111,14 +111,13 @@ class OTPlanSampler:
         V.check_pair(f0, f1)
         f0, f1 = f0.detach(), f1.detach()
         scale = max_sq_distance(f0, f1) if self.normalize_cost else 1.0
+        eps, rho, mode = self.reg, None, {"sinkhorn": "entropic"}.get(self.method, self.method)
         if self.method == "exact":
-            eps, mode, rho = mode_eps("exact", f0, f1)[0], "exact", None
-        elif self.method == "sinkhorn":
-            eps, mode, rho = self.reg * scale, "entropic", None
-        else:
-            eps, mode, rho = self.reg * scale, "unbalanced", self.reg_m * scale
+            eps = None  # the near-exact mode's own eps (couple.default_eps)
+        elif self.method == "unbalanced":
+            rho = self.reg_m
         return solve_batches(f0, f1, eps=eps, mode=mode, rho=rho, tol=self.tol, n_iters=1000,
-                             backend=self.backend, precision="auto")  # fmt: skip
+                             backend=self.backend, precision="auto", scale=scale)  # fmt: skip
 
     def _pairs(self, x0, x1, replace: bool) -> tuple[torch.Tensor, torch.Tensor]:
         replace = V.check_bool("replace", replace)
