@@ -15,7 +15,7 @@ import torch
 from .. import _validation as V
 from .._boundary import entry_point
 from ..result import SinkhornResult
-from .couple import flatten, solve_batches
+from .minibatch import flatten, solve_batches
 from .sampling import draw_columns, draw_rows, resolve_generator
 
 METHODS = ("exact", "sinkhorn", "unbalanced")
@@ -113,7 +113,7 @@ class OTPlanSampler:
         scale = max_sq_distance(f0, f1) if self.normalize_cost else 1.0
         eps, rho, mode = self.reg, None, {"sinkhorn": "entropic"}.get(self.method, self.method)
         if self.method == "exact":
-            eps = None  # the near-exact mode's own eps (couple.default_eps)
+            eps = None  # the near-exact mode's own eps (minibatch.default_eps)
         elif self.method == "unbalanced":
             rho = self.reg_m
         return solve_batches(f0, f1, eps=eps, mode=mode, rho=rho, tol=self.tol, n_iters=1000,

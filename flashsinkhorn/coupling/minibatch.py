@@ -95,6 +95,7 @@ def solve_batches(
     n_iters: int,
     backend: str,
     precision: str,
+    path: str = "auto",
     scale: float = 1.0,
 ) -> SinkhornResult:
     """The solve behind a coupling of two flattened, checked batches.
@@ -114,7 +115,8 @@ def solve_batches(
         rho = msd
     # the values were checked by the cost-scale read
     return sinkhorn(x0, x1, eps=eps, rho_x=rho, rho_y=rho, tol=tol, n_iters=n_iters,
-                    backend=backend, precision=precision, check_finite=False)  # fmt: skip
+                    backend=backend, precision=precision, path=path,
+                    check_finite=False)  # fmt: skip
 
 
 @entry_point
@@ -133,6 +135,7 @@ def couple_indices(
     n_iters: int = 1000,
     backend: str = "auto",
     precision: str = "auto",
+    path: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Index pairs (i, j) of an OT coupling of two minibatches; see :func:`couple`.
 
@@ -156,7 +159,8 @@ def couple_indices(
     gen = resolve_generator(generator, seed, f0.device)
     with torch.no_grad():
         res = solve_batches(f0.detach(), f1.detach(), eps=eps, mode=mode, rho=rho, tol=tol,
-                            n_iters=n_iters, backend=backend, precision=precision)  # fmt: skip
+                            n_iters=n_iters, backend=backend, precision=precision,
+                            path=path)  # fmt: skip
         limits.check_plan(res.solution.problem, res.eps, "sampling from the plan")
         rows = draw_rows(res, k, replace, gen)
         cols = draw_columns(res, rows, gen)
@@ -179,6 +183,7 @@ def couple(
     n_iters: int = 1000,
     backend: str = "auto",
     precision: str = "auto",
+    path: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pairs two minibatches by an optimal-transport plan: returns ``(x0[i], x1[j])``.
 
@@ -213,6 +218,8 @@ def couple(
         n_iters: iteration cap of the solve. Default 1000.
         backend: "auto" (Triton on CUDA, torch otherwise), "torch" or "triton".
         precision: dot-product precision, as in :func:`~flashsinkhorn.sinkhorn`.
+        path: how the Triton backend reads the cost, as in :func:`~flashsinkhorn.sinkhorn`
+            ("auto": a stored x·yᵀ for d >= 256 when it fits 4 GiB, streaming otherwise).
 
     Returns:
         ``(x0[i], x1[j])``, shapes (k, ...) like the inputs (differentiable through the
@@ -232,5 +239,5 @@ def couple(
     """
     i, j = couple_indices(x0, x1, eps=eps, mode=mode, rho=rho, k=k, replace=replace,
                           generator=generator, seed=seed, tol=tol, n_iters=n_iters,
-                          backend=backend, precision=precision)  # fmt: skip
+                          backend=backend, precision=precision, path=path)  # fmt: skip
     return x0[i], x1[j]
