@@ -50,11 +50,13 @@ QUICK = {
     "otdd.py": ["out/otdd", "--quick"],
     "shuffled_regression.py": ["--quick", "--out", "out/sr"],
     "distributed.py": ["--quick"],
+    "flow_matching.py": ["--quick", "--out", "out/fm"],
 }
 NEEDS = {
     "gradient_flow.py": ["matplotlib"],
     "multiscale_stages.py": ["matplotlib"],
     "otdd.py": ["matplotlib", "sklearn", "tqdm"],
+    "flow_matching.py": ["matplotlib"],
 }
 
 

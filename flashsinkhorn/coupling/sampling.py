@@ -21,6 +21,7 @@ import torch
 from .. import limits
 from .._boundary import entry_point
 from .._validation import check_bool, check_int
+from ..backends.base import Backend
 from ..backends.gumbel import seed_words
 from ..result import SinkhornResult
 
@@ -55,6 +56,11 @@ def _solution(result: object, what: str):
     if not isinstance(result, SinkhornResult):
         raise TypeError(f"result must be a SinkhornResult, got {type(result).__name__}")
     sol = result.solution
+    if type(sol.backend).plan_argmax is Backend.plan_argmax:
+        raise ValueError(
+            f"{what} is not available for a result of the {type(sol.backend).__name__} "
+            "(a sharded solve); solve on one device to sample from its plan"
+        )
     limits.check_plan(sol.problem, sol.eps, what)
     return sol
 
