@@ -22,10 +22,11 @@ import triton.language as tl
 from ..._triton_launch import FP_FUSION, cdiv, launch
 from ...problem import Side
 from .configs import sample_config
-from .operands import cost_args, is_half, operands
+from .operands import cost_args, even_d, is_half, operands
 from .split import plan_split
 from .tiles import (
     SQEUCLIDEAN,
+    batch_base,
     col_bias,
     cost_scores,
     label_rows,
@@ -68,7 +69,7 @@ def _plan_argmax_kernel(
     eps, sq_floor, lscale, dot_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, D_TILES: tl.constexpr,
     SCORE_PRECISION: tl.constexpr, COST: tl.constexpr, LABELS: tl.constexpr,
-    NOISE: tl.constexpr, GATHER: tl.constexpr,
+    NOISE: tl.constexpr, GATHER: tl.constexpr, EVEN_D: tl.constexpr,
 ):
     # Base-2 scores z_ij = 2 r_i·c_j log2e / eps + h_j, h_j = (p_j − ‖c_j‖²) log2e / eps +
     # log2 w_j (other costs: cost_scores forms h_j − C_ij log2e / eps): log2 P_ij minus a row
@@ -85,12 +86,14 @@ def _plan_argmax_kernel(
         o_r = tl.load(Idx + i_b64 * s_ib + o_m, mask=m_m, other=0).to(tl.int32)
     o_r64 = o_r.to(tl.int64)
     o_d = tl.arange(0, BLOCK_D)
-    p_r = R + i_b64 * s_rb + o_r64[:, None] * s_rn + o_d[None, :]
-    p_c0 = C + i_b64 * s_cb
+    # EVEN_D (d == BLOCK_D, aligned rows: operands.even_d): no feature mask, vector loads
+    m_dd = (o_d < BLOCK_D) if EVEN_D else (o_d < d)
+    p_r = batch_base(R, i_b64, s_rb, EVEN_D) + o_r64[:, None] * s_rn + o_d[None, :]
+    p_c0 = batch_base(C, i_b64, s_cb, EVEN_D)
     b_r = tl.zeros([BLOCK_M, BLOCK_D], R.dtype.element_ty)
     b_rl = b_r
     if D_TILES == 1:
-        b_r, b_rl = load_parts(p_r, m_m[:, None] & (o_d[None, :] < d), d, SCORE_PRECISION)
+        b_r, b_rl = load_parts(p_r, m_m[:, None] & m_dd[None, :], d, SCORE_PRECISION)
     o_vr = i_b64 * s_vrb + o_r
     b_rsq = tl.zeros([BLOCK_M], tl.float32)
     if COST != SQEUCLIDEAN:
@@ -112,7 +115,7 @@ def _plan_argmax_kernel(
         m_n = o_n < n_cols
         p_c = p_c0 + o_n.to(tl.int64)[:, None] * s_cn + o_d[None, :]
         b_s, b_c = score_tile(
-            p_r, p_c, m_m, m_n, o_d < d, b_r, b_rl, o_d, d, BLOCK_M, BLOCK_N, BLOCK_D, D_TILES,
+            p_r, p_c, m_m, m_n, m_dd, b_r, b_rl, o_d, d, BLOCK_M, BLOCK_N, BLOCK_D, D_TILES,
             SCORE_PRECISION,
         )
         o_vc = i_b64 * s_vcb + o_n
@@ -170,6 +173,7 @@ def plan_argmax(
         float(eps), float(cols.sq_floor), lscale, float(dot_scale),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
         SCORE_PRECISION=score_prec, COST=cost, LABELS=labels, NOISE=noise, GATHER=gather,
+        EVEN_D=even_d(cfg, d, xr, xc),
         **cfg.launch_options(), **FP_FUSION,
     )  # fmt: skip
     if split == 1:
