@@ -176,7 +176,14 @@ class OTPlanSampler:
         return x0[i], x1[j]
 
     @entry_point
-    def sample_plan_with_labels(self, x0, x1, y0=None, y1=None, replace: bool = True):
+    def sample_plan_with_labels(
+        self,
+        x0: torch.Tensor,
+        x1: torch.Tensor,
+        y0: torch.Tensor | None = None,
+        y1: torch.Tensor | None = None,
+        replace: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """As :meth:`sample_plan`, also returning the labels of the pairs.
 
         Returns:
