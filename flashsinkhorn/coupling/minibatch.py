@@ -44,6 +44,19 @@ def flatten(name: str, x: object) -> torch.Tensor:
     return flat
 
 
+def flatten_pair(x0: object, x1: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n, D) and (m, D) views of two minibatches with the same number of features per sample,
+    the same dtype and device."""
+    f0, f1 = flatten("x0", x0), flatten("x1", x1)
+    if f0.shape[1] != f1.shape[1]:
+        raise ValueError(
+            f"x0 and x1 must have the same number of features per sample, got "
+            f"{tuple(x0.shape[1:])} and {tuple(x1.shape[1:])}"
+        )
+    V.check_pair(f0, f1)
+    return f0, f1
+
+
 def cost_scale(x0: torch.Tensor, x1: torch.Tensor) -> tuple[float, float]:
     """(mean squared distance between the batches, squared bounding-box diagonal), read back
     in one synchronisation, which also checks the values for NaN and inf.
@@ -142,15 +155,7 @@ def couple_indices(
     Returns:
         ``(i, j)``: (k,) int64 indices into ``x0`` and ``x1``.
     """
-    f0, f1 = flatten("x0", x0), flatten("x1", x1)
-    if f0.dim() != 2 or f1.dim() != 2:
-        raise ValueError("x0 and x1 must be minibatches (n, ...), not batches of problems")
-    if f0.shape[1] != f1.shape[1]:
-        raise ValueError(
-            f"x0 and x1 must have the same number of features per sample, got "
-            f"{tuple(x0.shape[1:])} and {tuple(x1.shape[1:])}"
-        )
-    V.check_pair(f0, f1)
+    f0, f1 = flatten_pair(x0, x1)
     n = f0.shape[0]
     k = n if k is None else V.check_int("k", k, 1)
     replace = V.check_bool("replace", replace)

@@ -15,7 +15,7 @@ import torch
 from .. import _validation as V
 from .._boundary import entry_point
 from ..result import SinkhornResult
-from .minibatch import flatten, solve_batches
+from .minibatch import flatten_pair, solve_batches
 from .sampling import draw_columns, draw_rows, resolve_generator
 
 METHODS = ("exact", "sinkhorn", "unbalanced")
@@ -102,13 +102,7 @@ class OTPlanSampler:
     # ----- solves -----
 
     def _solve(self, x0: torch.Tensor, x1: torch.Tensor) -> SinkhornResult:
-        f0, f1 = flatten("x0", x0), flatten("x1", x1)
-        if f0.shape[1] != f1.shape[1]:
-            raise ValueError(
-                f"x0 and x1 must have the same number of features per sample, got "
-                f"{tuple(x0.shape[1:])} and {tuple(x1.shape[1:])}"
-            )
-        V.check_pair(f0, f1)
+        f0, f1 = flatten_pair(x0, x1)
         f0, f1 = f0.detach(), f1.detach()
         scale = max_sq_distance(f0, f1) if self.normalize_cost else 1.0
         eps, rho, mode = self.reg, None, {"sinkhorn": "entropic"}.get(self.method, self.method)
