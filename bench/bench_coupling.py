@@ -68,7 +68,7 @@ def _parse():
     ap.add_argument("--sizes", default=None, help="comma-separated n (default 256..65536)")
     ap.add_argument("--dims", default="2,3072", help="comma-separated d")
     ap.add_argument("--peer-cap", type=float, default=60.0, help="s per peer call")
-    ap.add_argument("--peer-budget", type=float, default=240.0, help="s for all peer calls")
+    ap.add_argument("--peer-budget", type=float, default=180.0, help="s for all peer calls")
     ap.add_argument("--exact-max", type=int, default=16384, help="largest n of ours-exact")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script")
