@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 PIP_TORCH_ARGS ?=
 
-.PHONY: demo test test-gpu lint format docs bench clean
+.PHONY: demo test test-gpu lint format docs docs-screenshots bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,17 +42,24 @@ $(DOCS_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e ".[docs]"
 	touch $(DOCS_STAMP)
 
-# The site (mkdocs.yml) with the API reference from the docstrings; warnings are errors.
+# The site (mkdocs.yml) with the API reference from the docstrings; warnings are errors. Then
+# the checks of the built HTML (tools/docs/test_site.py). KaTeX comes from npm on the first
+# build and is kept in build/katex. `make docs-screenshots` (Debian's chromium) shows the home,
+# quick start, API and performance pages at 1280 and 400 px in out/screenshots.
 docs: $(DOCS_STAMP)
-	$(VENV)/bin/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+	$(PY) -m pytest -q -p no:cacheprovider tools/docs/test_site.py
+
+docs-screenshots: docs
+	$(PY) tools/docs/screenshots.py
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check flashsinkhorn tests bench examples
-	$(VENV)/bin/ruff format --check flashsinkhorn tests bench examples
+	$(VENV)/bin/ruff check flashsinkhorn tests bench examples tools
+	$(VENV)/bin/ruff format --check flashsinkhorn tests bench examples tools
 
 format: $(STAMP)
-	$(VENV)/bin/ruff format flashsinkhorn tests bench examples
-	$(VENV)/bin/ruff check --fix flashsinkhorn tests bench examples
+	$(VENV)/bin/ruff format flashsinkhorn tests bench examples tools
+	$(VENV)/bin/ruff check --fix flashsinkhorn tests bench examples tools
 
 clean:
 	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .ruff_cache

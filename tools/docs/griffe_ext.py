@@ -1,0 +1,117 @@
+"""Griffe extension for the API pages: the docstrings as written read well in ``help()``; this
+turns their plain-text references into links on the site, without touching the source.
+
+- Sphinx roles (``:func:`sinkhorn```, ``:class:`~flashsinkhorn.costs.CostSpec```) become
+  cross-references to the documented object (plain code when it is not documented, e.g. a
+  private helper or a torch class).
+- ``docs/<page>.md`` mentions become links to that page of the site, titled by the page.
+- A parameter default that names a module constant (``tau=DEFAULT_TAU``) shows the constant's
+  value (``tau=1e-05``).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import griffe
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+ROLE = re.compile(
+    r":(?:py:)?(func|class|meth|attr|mod|data|obj|exc):`(~?)([^`<]+?)(?:\s*<([^>]+)>)?`"
+)
+DOC_PAGE = re.compile(r"(?<![\w/])docs/([\w/-]+)\.md(#[\w-]+)?")
+
+
+def _title(page: str) -> str:
+    """The first heading of docs/<page>.md, for a link's text."""
+    path = DOCS / f"{page}.md"
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("# "):
+            return line[2:].strip()
+    return page
+
+
+def _resolve(obj: griffe.Object, name: str) -> str:
+    """The full path of ``name`` as seen from ``obj``'s scope, or ``name`` itself."""
+    name = name.strip().lstrip(".")
+    if name.startswith("flashsinkhorn"):
+        return name
+    first, _, rest = name.partition(".")
+    scope = obj
+    while scope is not None:
+        try:
+            if first in scope.members:
+                path = scope.members[first].path
+            else:
+                path = scope.resolve(first)
+        except (griffe.NameResolutionError, KeyError, AttributeError):
+            scope = scope.parent
+            continue
+        return f"{path}.{rest}" if rest else path
+    return name
+
+
+def _link_roles(obj: griffe.Object, text: str) -> str:
+    def role(m: re.Match) -> str:
+        kind, short, target, explicit = m.groups()
+        if explicit:
+            label, target = target.strip(), explicit
+        else:
+            label = target.rsplit(".", 1)[-1] if short else target
+        path = _resolve(obj, target)
+        if kind in ("func", "meth") and not label.endswith(")"):
+            label += "()"
+        return f'<autoref identifier="{path}" optional><code>{label}</code></autoref>'
+
+    return ROLE.sub(role, text)
+
+
+def _link_pages(text: str) -> str:
+    # Relative to the API pages (docs/api/<name>.md); MkDocs turns the .md links into URLs.
+
+    def page(m: re.Match) -> str:
+        name, anchor = m.group(1), m.group(2) or ""
+        if not (DOCS / f"{name}.md").is_file():
+            return m.group(0)
+        return f"[{_title(name)}](../{name}.md{anchor})"
+
+    return DOC_PAGE.sub(page, text)
+
+
+def _constant_defaults(func: griffe.Function) -> None:
+    for param in func.parameters:
+        default = param.default
+        if not isinstance(default, griffe.ExprName):
+            continue
+        try:
+            target = func.parent.get_member(default.name) if func.parent else None
+            while isinstance(target, griffe.Alias):
+                target = target.final_target
+        except (griffe.AliasResolutionError, KeyError):
+            continue
+        if isinstance(target, griffe.Attribute) and target.value is not None:
+            value = str(target.value)
+            if re.fullmatch(r"[-+]?[\d.eE_+-]+|True|False|None|'[^']*'|\"[^\"]*\"", value):
+                param.default = value
+
+
+class SiteLinks(griffe.Extension):
+    """Rewrites docstrings and defaults of the whole package once it is loaded."""
+
+    def on_package(self, *, pkg: griffe.Module, **kwargs) -> None:
+        seen: set[int] = set()
+        self._visit(pkg, seen)
+
+    def _visit(self, obj: griffe.Object, seen: set[int]) -> None:
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if obj.docstring is not None:
+            text = _link_roles(obj, obj.docstring.value)
+            obj.docstring.value = _link_pages(text)
+        if isinstance(obj, griffe.Function):
+            _constant_defaults(obj)
+        for member in obj.members.values():
+            if not isinstance(member, griffe.Alias):
+                self._visit(member, seen)
