@@ -3,11 +3,16 @@
 
 For every results file (one per GPU) and every case with at least one successful row:
 
-- ``bench_<gpu>_<case>_time.png``: time (ms) against n, one line per method, one panel
-  per dimension d (log-log);
+- ``bench_<gpu>_<case>_time.png``: time (ms, log scale) of every method, one bar group per
+  problem size;
 - ``bench_<gpu>_<case>_speedup.png``: our speed-up against the best peer of the same
   run (best-peer ms / our ms) for each size, one bar group per size;
-- ``bench_<gpu>_memory.png``: peak memory (MB) against n for every case and method.
+- ``bench_<gpu>_memory.png``: peak memory (MB) of every method and size.
+
+and for each time-to-solution file (``ttt_<gpu>.json``) ``bench_ttt_<gpu>.png``: our default
+call against the best peer setting that reached the tolerance, one pair of bars per problem
+(``bench_headline.png``, on the home page, is the H100 one); ``bench_mhc_projection.png``:
+the mHC projection's forward time against the batch size, from ``mhc_h100.json``.
 
 Usage::
 
@@ -25,6 +30,12 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 OUR_PREFIX = "flashsinkhorn-"
+# Results of other benches (their tables are in docs/), not plotted here.
+OTHER_RESULTS = ("divergence_", "distributed_", "mhc", "multiscale_", "otdd_", "shuffled_")
+# The time-to-solution run drawn on the home page.
+HEADLINE = "ttt_nvidia-h100-80gb-hbm3"
+# The projection sweep drawn on the mHC page.
+MHC_PROJECTION = "mhc_h100"
 
 
 def load(results_dir: Path) -> dict[str, dict]:
@@ -50,44 +61,109 @@ def ok_rows(data: dict) -> list[dict]:
     ]
 
 
-def _style(method: str) -> dict:
-    ours = method.startswith(OUR_PREFIX)
-    return {"linewidth": 2.2 if ours else 1.2, "linestyle": "-" if ours else "--", "marker": "o"}
+# Figures are drawn at the width of the site's text column (about 690 px) so that their text
+# reads at the size of the page's own.
+WIDTH_IN = 6.4
+DPI = 150
+PEER_COLOURS = {"flash-sinkhorn": "#7f7f7f", "ott": "#17becf", "geomloss": "#bcbd22"}
+OUR_COLOURS = ["#d62728", "#1f77b4", "#2ca02c", "#ff7f0e"]
+OURS = "flashsinkhorn (tf32)"
+
+
+def _size_label(key: tuple) -> str:
+    B, n, m, d = key
+    size = f"{n // 1000}k" if n % 1000 == 0 else str(n)
+    return (f"{B} × " if B else "") + f"{size}², d={d}"
+
+
+def _main_methods(rows: list[dict]) -> list[dict]:
+    """Rows of the default squared-Euclidean cost at the default fp32 precision ("tf32"): the
+    cost variants and the fp32-accurate "tf32x3" rows have their own tables."""
+    return [r for r in rows if "-cost-" not in r["method"] and "tf32x3" not in r["method"]]
+
+
+def _by_provider(rows: list[dict], field: str) -> dict[tuple, dict[str, float]]:
+    """{size: {series: best value}}: our best method, and each peer's best method."""
+    out: dict[tuple, dict[str, float]] = defaultdict(dict)
+    for r in _main_methods(rows):
+        if r.get(field) is None:
+            continue
+        key = (r.get("B") or 0, r["n"], r["m"], r["d"])
+        name = OURS if r["method"].startswith(OUR_PREFIX) else r.get("provider", r["method"])
+        out[key][name] = min(out[key].get(name, float("inf")), r[field])
+    return out
+
+
+def _num(v: float) -> str:
+    """3 significant digits, without an exponent: 1.42, 44.6, 1,570, 38,200."""
+    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+
+
+def _plain_log_ticks(ax) -> None:
+    """Tick labels of a log axis as plain numbers (0.5, 2, 50, 1000), not powers of ten."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    lo, hi = ax.get_xlim()
+    subs = (1.0,) if hi / lo > 1e3 else (1.0, 2.0, 5.0)
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=subs))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def _bars(plt, groups: dict, labels: list[str], xlabel: str, title: str, path: Path) -> Path:
+    """Horizontal bars, one group per row label, one bar per series present in the group."""
+    names = sorted({n for g in groups.values() for n in g}, key=lambda n: (n != OURS, n))
+    colours = {n: OUR_COLOURS[0] if n == OURS else PEER_COLOURS.get(n, "#8c564b") for n in names}
+    height = max(2.2, sum(len(g) for g in groups.values()) * 0.24 + len(groups) * 0.25 + 1.2)
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, height))
+    y, ticks = 0.0, []
+    for key, label in zip(groups, labels, strict=True):
+        present = [n for n in names if n in groups[key]]
+        start = y
+        for n in present:
+            ax.barh(y, groups[key][n], height=0.8, color=colours[n])
+            ax.text(groups[key][n] * 1.05, y, _num(groups[key][n]), va="center", fontsize=7.5)
+            y += 1
+        ticks.append(((start + y - 1) / 2, label))
+        y += 0.8
+    ax.set_yticks([t for t, _ in ticks])
+    ax.set_yticklabels([lab for _, lab in ticks], fontsize=9)
+    ax.set_ylim(y - 0.4, -0.8)
+    ax.set_xscale("log")
+    lo, hi = ax.get_xlim()
+    ax.set_xlim(lo, hi * 2.5)
+    ax.set_xlabel(xlabel, fontsize=9)
+    _plain_log_ticks(ax)
+    ax.set_title(title, fontsize=10, pad=24)
+    ax.grid(True, axis="x", which="both", alpha=0.3)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[n]) for n in names]
+    ax.legend(handles, names, fontsize=8, ncol=len(names), loc="lower center",
+              bbox_to_anchor=(0.5, 1.0), frameon=False)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return path
 
 
 def plot_time(plt, stem: str, device: str, case: str, rows: list[dict], out: Path) -> Path:
-    """Time against n, one panel per d."""
-    ds = sorted({r["d"] for r in rows})
-    fig, axes = plt.subplots(1, len(ds), figsize=(4.2 * len(ds), 3.6), squeeze=False)
-    for ax, d in zip(axes[0], ds, strict=True):
-        by_method = defaultdict(list)
-        for r in rows:
-            if r["d"] == d:
-                by_method[r["method"]].append((r["n"], r["ms"]))
-        for method, pts in sorted(by_method.items()):
-            pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=method, **_style(method))
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("n = m")
-        ax.set_ylabel("ms (median)")
-        ax.set_title(f"{case}, d={d}")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(
-        f"{device}: {case}, {rows[0].get('iters', 10)} iterations, eps={rows[0].get('eps', 0.1)}"
+    """Time of our best method and of each peer's best method, one bar group per size."""
+    groups = dict(sorted(_by_provider(rows, "ms").items()))
+    iters, eps = rows[0].get("iters", 10), rows[0].get("eps", 0.1)
+    return _bars(
+        plt,
+        groups,
+        [_size_label(k) for k in groups],
+        "ms, median (lower is better)",
+        f"{device}: {case}, {iters} iterations, eps = {eps}",
+        out / f"bench_{stem}_{case}_time.png",
     )
-    fig.tight_layout()
-    path = out / f"bench_{stem}_{case}_time.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 def plot_speedup(
     plt, stem: str, device: str, case: str, rows: list[dict], out: Path
 ) -> Path | None:
     """Best-peer ms / our ms for each size and each of our methods."""
+    rows = _main_methods(rows)
     sizes = defaultdict(list)
     for r in rows:
         sizes[(r.get("B") or 0, r["n"], r["m"], r["d"])].append(r)
@@ -99,61 +175,165 @@ def plot_speedup(
         if not peers or not ours_methods:
             continue
         best = min(peers)
-        B, n, m, d = key
-        labels.append((f"B={B} " if B else "") + f"n={n}\nd={d}")
+        labels.append(_size_label(key))
         mine = {r["method"]: r["ms"] for r in grp}
         for meth in ours_methods:
             series[meth].append(best / mine[meth] if meth in mine else 0.0)
     if not labels:
         return None
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.4 * len(labels) + 2), 3.6))
-    width = 0.8 / max(1, len(series))
+    colours = dict(zip(ours_methods, OUR_COLOURS, strict=False))
+    bar = 0.8 / max(1, len(series))
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 0.9 + 0.25 * len(labels) * len(series)))
     for i, (meth, vals) in enumerate(sorted(series.items())):
-        xs = [j + i * width for j in range(len(labels))]
-        ax.bar(xs, vals, width=width, label=meth)
-    ax.axhline(1.0, color="k", linewidth=0.8)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(labels))])
-    ax.set_xticklabels(labels, fontsize=8)
-    ax.set_ylabel("speed-up vs best peer (x)")
-    ax.set_title(f"{device}: {case}")
-    ax.legend(fontsize=7)
-    ax.grid(True, axis="y", alpha=0.3)
+        ys = [j + (len(series) - 1 - i) * bar for j in range(len(labels))]
+        ax.barh(ys, vals, height=bar * 0.9, label=meth, color=colours[meth])
+    ax.axvline(1.0, color="k", linewidth=0.8)
+    ax.set_yticks([j + 0.4 - bar / 2 for j in range(len(labels))])
+    ax.set_yticklabels(labels, fontsize=9)
+    ax.invert_yaxis()
+    ax.set_xlabel("speed-up against the best peer of the same run (×)", fontsize=9)
+    ax.set_title(f"{device}: {case}", fontsize=10)
+    ax.legend(fontsize=8, ncol=len(series), loc="upper center", bbox_to_anchor=(0.5, -0.25),
+              frameon=False)  # fmt: skip
+    ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
     path = out / f"bench_{stem}_{case}_speedup.png"
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
     plt.close(fig)
     return path
 
 
 def plot_memory(plt, stem: str, device: str, rows: list[dict], out: Path) -> Path | None:
-    """Peak memory against n for every (case, d, method) with a peak recorded."""
-    lines = defaultdict(list)
-    for r in rows:
-        if r.get("peak_mb") is not None and r["case"] in ("fwd", "fwdbwd"):
-            lines[(r["case"], r["d"], r["method"])].append((r["n"], r["peak_mb"]))
-    if not lines:
+    """Peak memory of our best method and of each peer's, forward and forward + backward."""
+    groups, labels = {}, []
+    for case in ("fwd", "fwdbwd"):
+        for key, g in sorted(
+            _by_provider([r for r in rows if r["case"] == case], "peak_mb").items()
+        ):
+            groups[(case, *key)] = g
+            labels.append(f"{case} {_size_label(key)}")
+    if not groups:
         return None
-    cases = sorted({k[0] for k in lines})
-    fig, axes = plt.subplots(1, len(cases), figsize=(5.0 * len(cases), 3.8), squeeze=False)
-    for ax, case in zip(axes[0], cases, strict=True):
-        for (c, d, method), pts in sorted(lines.items()):
-            if c != case:
-                continue
-            pts.sort()
-            ax.plot(
-                [p[0] for p in pts], [p[1] for p in pts], label=f"{method} d={d}", **_style(method)
-            )
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("n = m")
-        ax.set_ylabel("peak MB")
-        ax.set_title(f"{case}: peak memory")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=6)
-    fig.suptitle(device)
+    return _bars(
+        plt,
+        groups,
+        labels,
+        "peak memory, MB, inputs included (lower is better)",
+        f"{device}: peak memory",
+        out / f"bench_{stem}_memory.png",
+    )
+
+
+def _problem_label(r: dict) -> str:
+    size = f"{r['n'] // 1000}k²" if r["n"] % 1000 == 0 else f"{r['n']}²"
+    label = (f"{r['B']} × " if r.get("B") else "") + f"{size}, d={r['d']}"
+    if r["case"] == "shape3d":
+        return label + ", 3-D shapes"
+    if r["case"] == "mix16":
+        return label + ", mixtures"
+    label += f", ε={r['eps']:g}"
+    return label + (f", ρ={r['rho']:g}" if r.get("rho") else "")
+
+
+def plot_headline(plt, device: str, data: dict, out: Path, name: str) -> Path | None:
+    """Time to solution of our default call against the best peer that reached the tolerance
+    (the fastest peer, hatched, where none did), one pair of bars per problem."""
+    problems: dict[str, dict] = {}
+    for r in data["rows"]:
+        if r.get("ms") is None or not r.get("problem"):
+            continue
+        entry = problems.setdefault(r["problem"], {"row": r, "ours": None, "peers": []})
+        reached = r.get("reached_tol", r.get("converged"))
+        if r["method"] == "ours-default":
+            entry["ours"] = r["ms"]
+        elif r.get("provider") != "ours":
+            entry["peers"].append((r["ms"], bool(reached), r["method"]))
+    rows = [e for e in problems.values() if e["ours"] is not None and e["peers"]]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 0.8 + 0.62 * len(rows)))
+    for j, e in enumerate(rows):
+        reached = [p for p in e["peers"] if p[1]]
+        ms, ok, method = min(reached) if reached else min(e["peers"])
+        ax.barh(j - 0.2, e["ours"], height=0.38, color=OUR_COLOURS[0])
+        ax.barh(
+            j + 0.2,
+            ms,
+            height=0.38,
+            color=PEER_COLOURS["flash-sinkhorn"],
+            hatch=None if ok else "//",
+        )
+        note = f"{method}: {ms / e['ours']:.0f}× slower" if ok else f"{method}: not reached"
+        ax.text(ms * 1.08, j + 0.2, note, va="center", fontsize=7.5)
+        ax.text(e["ours"] * 1.08, j - 0.2, f"{e['ours']:.3g} ms", va="center", fontsize=7.5)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([_problem_label(e["row"]) for e in rows], fontsize=8.5)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    lo = min(e["ours"] for e in rows)
+    hi = max(max(p[0] for p in e["peers"]) for e in rows)
+    ax.set_xlim(lo / 2, hi * 40)
+    ax.set_xlabel(
+        f"ms to a marginal error of {data.get('tol', 1e-3):g} (lower is better)", fontsize=9
+    )
+    _plain_log_ticks(ax)
+    ax.grid(True, axis="x", which="both", alpha=0.3)
+    handles = [
+        plt.Rectangle((0, 0), 1, 1, color=OUR_COLOURS[0]),
+        plt.Rectangle((0, 0), 1, 1, color=PEER_COLOURS["flash-sinkhorn"]),
+    ]
+    ax.legend(handles, ["flashsinkhorn, default call", "best peer setting, same run"],
+              fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12),
+              frameon=False)  # fmt: skip
+    ax.set_title(f"{device}: time to solution", fontsize=10)
     fig.tight_layout()
-    path = out / f"bench_{stem}_memory.png"
-    fig.savefig(path, dpi=120)
+    path = out / name
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+MHC_SERIES = {
+    "ours: sinkhorn_knopp call [float32]": (
+        "flashsinkhorn.mhc.sinkhorn_knopp",
+        OUR_COLOURS[0],
+        "-",
+    ),
+    "torch loop, torch.compile (inductor) [float32]": (
+        "PyTorch loop, torch.compile",
+        "#17becf",
+        "--",
+    ),
+    "torch loop, eager [float32]": ("PyTorch loop, eager", "#7f7f7f", "--"),
+    "device copy, same bytes as fwd": ("device copy of the same bytes", "#000000", ":"),
+}
+
+
+def plot_mhc_projection(plt, device: str, data: dict, out: Path) -> Path | None:
+    """Forward time of the batched 4 × 4 Sinkhorn–Knopp projection against the batch size."""
+    lines = defaultdict(list)
+    for r in data["rows"]:
+        case = r.get("case", "")
+        kind, _, b = case.partition(" B=")
+        if kind in ("proj_fwd", "copy") and r.get("ms") is not None and r["method"] in MHC_SERIES:
+            lines[r["method"]].append((int(b), r["ms"]))
+    if len(lines) < 2:
+        return None
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 3.6))
+    for method, (label, colour, style) in MHC_SERIES.items():
+        pts = sorted(lines.get(method, []))
+        if pts:
+            ax.plot(*zip(*pts, strict=True), style, color=colour, marker="o", ms=3, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("matrices per call, B (n = 4, 20 iterations, fp32)", fontsize=9)
+    ax.set_ylabel("ms per call, median", fontsize=9)
+    ax.set_title(f"{device}: Sinkhorn–Knopp projection, forward", fontsize=10, pad=38)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, ncol=2, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    fig.tight_layout()
+    path = out / "bench_mhc_projection.png"
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -179,8 +359,17 @@ def main(argv=None) -> int:
     for stem, data in load(Path(args.results)).items():
         if stem.startswith("peers_smoke") and not args.include_smoke:
             continue
-        rows = ok_rows(data)
         device = data.get("device") or stem
+        if stem.startswith("ttt_"):
+            written.append(plot_headline(plt, device, data, out, f"bench_{stem}.png"))
+            if stem == HEADLINE:
+                written.append(plot_headline(plt, device, data, out, "bench_headline.png"))
+            continue
+        if stem == MHC_PROJECTION:
+            written.append(plot_mhc_projection(plt, device, data, out))
+        if stem.startswith(OTHER_RESULTS):
+            continue
+        rows = ok_rows(data)
         for case in sorted({r["case"] for r in rows if r["case"] != "firstcall"}):
             crow = [r for r in rows if r["case"] == case]
             written.append(plot_time(plt, stem, device, case, crow, out))
