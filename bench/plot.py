@@ -12,7 +12,8 @@ For every results file (one per GPU) and every case with at least one successful
 and for each time-to-solution file (``ttt_<gpu>.json``) ``bench_ttt_<gpu>.png``: our default
 call against the best peer setting that reached the tolerance, one pair of bars per problem
 (``bench_headline.png``, on the home page, is the H100 one); ``bench_mhc_projection.png``:
-the mHC projection's forward time against the batch size, from ``mhc_h100.json``.
+the mHC projection's forward time against the batch size, from ``mhc_h100.json``;
+``bench_distributed.png``: one problem on one and two GPUs, from ``distributed_h200x2.json``.
 
 Usage::
 
@@ -110,10 +111,23 @@ def _plain_log_ticks(ax) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def _bars(plt, groups: dict, labels: list[str], xlabel: str, title: str, path: Path) -> Path:
+def _bars(
+    plt,
+    groups: dict,
+    labels: list[str],
+    xlabel: str,
+    title: str,
+    path: Path,
+    colours: dict[str, str] | None = None,
+    log: bool = True,
+) -> Path:
     """Horizontal bars, one group per row label, one bar per series present in the group."""
     names = sorted({n for g in groups.values() for n in g}, key=lambda n: (n != OURS, n))
-    colours = {n: OUR_COLOURS[0] if n == OURS else PEER_COLOURS.get(n, "#8c564b") for n in names}
+    if colours is None:
+        colours = {
+            n: OUR_COLOURS[0] if n == OURS else PEER_COLOURS.get(n, "#8c564b") for n in names
+        }
+    names = [n for n in colours if n in names] + [n for n in names if n not in colours]
     height = max(2.2, sum(len(g) for g in groups.values()) * 0.24 + len(groups) * 0.25 + 1.2)
     fig, ax = plt.subplots(figsize=(WIDTH_IN, height))
     y, ticks = 0.0, []
@@ -129,11 +143,15 @@ def _bars(plt, groups: dict, labels: list[str], xlabel: str, title: str, path: P
     ax.set_yticks([t for t, _ in ticks])
     ax.set_yticklabels([lab for _, lab in ticks], fontsize=9)
     ax.set_ylim(y - 0.4, -0.8)
-    ax.set_xscale("log")
-    lo, hi = ax.get_xlim()
-    ax.set_xlim(lo, hi * 2.5)
-    ax.set_xlabel(xlabel, fontsize=9)
-    _plain_log_ticks(ax)
+    if log:
+        ax.set_xscale("log")
+        lo, hi = ax.get_xlim()
+        ax.set_xlim(lo, hi * 2.5)
+        ax.set_xlabel(xlabel, fontsize=9)
+        _plain_log_ticks(ax)
+    else:
+        ax.set_xlim(0, ax.get_xlim()[1] * 1.12)
+        ax.set_xlabel(xlabel, fontsize=9)
     ax.set_title(title, fontsize=10, pad=24)
     ax.grid(True, axis="x", which="both", alpha=0.3)
     handles = [plt.Rectangle((0, 0), 1, 1, color=colours[n]) for n in names]
@@ -338,6 +356,33 @@ def plot_mhc_projection(plt, device: str, data: dict, out: Path) -> Path | None:
     return path
 
 
+def plot_distributed(plt, rows: list[dict], out: Path) -> Path | None:
+    """Time of 10 iterations on one GPU and sharded over two, per problem size and mode."""
+    groups: dict[int, dict[str, float]] = defaultdict(dict)
+    device = None
+    for r in rows:
+        if r.get("case") != "distributed" or r.get("ms") is None:
+            continue
+        device = r.get("device")
+        gpus = "1 GPU" if r["world_size"] == 1 else f"{r['world_size']} GPUs, {r['mode']}"
+        groups[r["n"]][gpus] = r["ms"] / 1e3
+    if not groups:
+        return None
+    names = sorted({n for g in groups.values() for n in g})
+    colours = dict(zip(names, ["#7f7f7f", "#d62728", "#1f77b4", "#2ca02c"], strict=False))
+    groups = dict(sorted(groups.items()))
+    return _bars(
+        plt,
+        groups,
+        [f"{n / 1e6:g}M² points, d=64" for n in groups],
+        "seconds for 10 iterations (lower is better)",
+        f"{device}: one problem sharded with torch.distributed",
+        out / "bench_distributed.png",
+        colours,
+        log=False,
+    )
+
+
 def main(argv=None) -> int:
     """Entry point."""
     p = argparse.ArgumentParser(
@@ -356,6 +401,9 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
+    distributed = Path(args.results) / "distributed_h200x2.json"
+    if distributed.is_file():
+        written.append(plot_distributed(plt, json.loads(distributed.read_text()), out))
     for stem, data in load(Path(args.results)).items():
         if stem.startswith("peers_smoke") and not args.include_smoke:
             continue

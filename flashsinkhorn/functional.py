@@ -47,10 +47,11 @@ def sinkhorn(
     feature_weight: float = 1.0,
     label_weight: float = 1.0,
 ) -> SinkhornResult:
-    """Entropic optimal transport between two point clouds, cost C_ij = ‖x_i − y_j‖² by default.
+    r"""Entropic optimal transport between two point clouds, cost C_ij = ‖x_i − y_j‖² by default.
 
-    Solves min_P <C, P> + eps KL(P | a⊗b) (plus rho KL terms on relaxed marginals) in the log
-    domain with streaming soft-min updates; the n × m cost is never stored on the Triton path.
+    Solves $\min_P \langle C, P\rangle + \varepsilon\,\mathrm{KL}(P \,\|\, a \otimes b)$ (plus
+    $\rho$ KL terms on relaxed marginals) in the log domain with streaming soft-min updates;
+    the n × m cost is never stored on the Triton path.
 
     Args:
         x: (n, d) or (B, n, d) source points; float16/bfloat16/float32/float64.
@@ -123,6 +124,16 @@ def sinkhorn(
 
     Raises:
         ValueError, TypeError: for invalid arguments, naming the argument.
+
+    Examples:
+        >>> import torch
+        >>> import flashsinkhorn as fs
+        >>> x, y = torch.rand(200, 3), torch.rand(300, 3)
+        >>> res = fs.sinkhorn(x, y, eps=0.1)
+        >>> res.f.shape, res.g.shape
+        (torch.Size([200]), torch.Size([300]))
+        >>> bool(res.converged), bool(res.marginal_error <= 1e-3)
+        (True, True)
     """
     V.check_points("x", x)
     V.check_points("y", y)
@@ -200,12 +211,14 @@ def solve(
         ValueError: a wrong shape, NaN/inf in C, invalid weights or an option out of range,
             naming the argument.
 
-    Example:
-        ```python
-        C = torch.cdist(x, y) ** 2                  # any (n, m) cost
-        res = flashsinkhorn.solve(C, eps=0.05)
-        P = res.plan()                              # (n, m)
-        ```
+    Examples:
+        >>> import torch
+        >>> import flashsinkhorn as fs
+        >>> x, y = torch.rand(200, 3), torch.rand(300, 3)
+        >>> C = torch.cdist(x, y) ** 2                  # any (n, m) cost
+        >>> P = fs.solve(C, eps=0.1).plan()             # (n, m), rows sum to a = 1/n
+        >>> P.shape, torch.allclose(P.sum(1), torch.full((200,), 1 / 200), atol=1e-3)
+        (torch.Size([200, 300]), True)
     """
     opts = SinkhornOptions.build(**public_options(locals()))
     res = solve_matrix(C, a, b, opts)

@@ -38,6 +38,16 @@ class SinkhornDivergence(torch.nn.Module):
             options cost, feature_map, label_x, label_y, label_cost, feature_weight,
             label_weight of docs/costs.md). The solver
             settings are validated here.
+
+    Examples:
+        >>> import torch
+        >>> import flashsinkhorn as fs
+        >>> loss_fn = fs.SinkhornDivergence(eps=0.1)
+        >>> x = torch.rand(200, 3, requires_grad=True)
+        >>> loss = loss_fn(x, torch.rand(300, 3))
+        >>> loss.backward()
+        >>> loss.shape, x.grad.shape
+        (torch.Size([]), torch.Size([200, 3]))
     """
 
     def __init__(self, eps: float, **options: Any):
@@ -116,6 +126,15 @@ class SamplesLoss(torch.nn.Module):
     Call forms: ``loss(x, y)`` (uniform weights) and ``loss(a, x, b, y)``; points (N, D) or
     (B, N, D); weights (N,), (N, 1), (B, N) or (B, N, 1). Returns () or (B,), or (F, G).
     The flags ``debias``, ``potentials``, ``verbose`` and ``check_finite`` must be bools.
+
+    Examples:
+        >>> import torch
+        >>> import flashsinkhorn as fs
+        >>> loss_fn = fs.SamplesLoss("sinkhorn", p=2, blur=0.1)   # GeomLoss's arguments
+        >>> x, y = torch.rand(200, 3), torch.rand(300, 3)
+        >>> loss = loss_fn(x, y)
+        >>> loss.shape, bool(loss >= 0)
+        (torch.Size([]), True)
     """
 
     def __init__(

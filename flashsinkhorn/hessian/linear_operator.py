@@ -68,5 +68,14 @@ def hessian_operator(
 
     Returns:
         A :class:`HessianLinearOperator` (float64 matvec, symmetric).
+
+    Examples:
+        >>> import numpy as np
+        >>> import torch
+        >>> import flashsinkhorn as fs
+        >>> x, y = torch.rand(20, 2, dtype=torch.float64), torch.rand(30, 2, dtype=torch.float64)
+        >>> H = fs.hessian_operator(x, y, eps=0.5)        # (n·d, n·d) = (40, 40)
+        >>> H.shape, (H @ np.ones(40)).shape
+        ((40, 40), (40,))
     """
     return HessianLinearOperator(HessianOperator(x, y, a, b, eps=eps, wrt=wrt, **options))

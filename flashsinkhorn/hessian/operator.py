@@ -219,7 +219,10 @@ def hvp(
     cg_check_every: int = 10,
     **solver_options,
 ) -> HVPResult:
-    """Hessian of OT_eps(x, y) (or of the debiased divergence) w.r.t. ``x`` or ``y`` times A.
+    r"""Hessian of OT_eps(x, y) (or of the debiased divergence) w.r.t. ``x`` or ``y`` times A.
+
+    $(\nabla_x^2\, \mathrm{OT}_\varepsilon)\, A$ for ``wrt="x"``, with
+    $\nabla_x \mathrm{OT}_\varepsilon = 2\,(\mathrm{diag}(P\mathbf{1})\, x - P y)$.
 
     Streaming (Theorem 5 / Appendix F of the FlashSinkhorn paper): an explicit term from P y,
     row-wise products and one Hadamard-weighted transport, and an implicit term from the
@@ -249,6 +252,15 @@ def hvp(
 
     Raises:
         ValueError, TypeError: invalid arguments (shape of A, wrt, tau < 0, ...), naming them.
+
+    Examples:
+        >>> import torch
+        >>> import flashsinkhorn as fs
+        >>> x, y = torch.rand(50, 3), torch.rand(60, 3)
+        >>> A = torch.randn(50, 3)                        # a direction, shape of x
+        >>> res = fs.hvp(x, y, A, eps=0.5)                # ∇²ₓ OT_eps · A
+        >>> res.hvp.shape, res.converged
+        (torch.Size([50, 3]), True)
     """
     V.check_choice("wrt", wrt, WRT)
     own = x if wrt == "x" else y

@@ -307,6 +307,15 @@ def sinkhorn_knopp(
             variant/backend; eps < 0 or not finite; n > 32, no triton package or CPU tensors
             without the interpreter with ``backend="triton"``; NaN/+inf logits or a row or
             column of -inf (``check_finite``).
+
+    Examples:
+        >>> import torch
+        >>> from flashsinkhorn.mhc import sinkhorn_knopp
+        >>> H = sinkhorn_knopp(torch.randn(8, 4, 4))    # 8 matrices, each nearly doubly stochastic
+        >>> H.shape, bool(H.min() >= 0)
+        (torch.Size([8, 4, 4]), True)
+        >>> torch.allclose(H.sum(-1), torch.ones(8, 4), atol=1e-3)
+        True
     """
     if torch.compiler.is_compiling():
         # Validated while tracing (no cost at run time); the custom op keeps the projection

@@ -185,6 +185,15 @@ def class_distance_matrix(
         ValueError, TypeError: for invalid arguments, naming the argument (labels of the
             wrong shape or dtype, empty classes, mismatched feature sizes, ...).
         ImportError: ``progress=True`` without tqdm installed.
+
+    Examples:
+        >>> import torch
+        >>> from flashsinkhorn.otdd import class_distance_matrix
+        >>> x1, l1 = torch.rand(60, 2), torch.arange(60) % 3     # 3 classes
+        >>> x2, l2 = torch.rand(40, 2), torch.arange(40) % 2     # 2 classes
+        >>> W = class_distance_matrix(x1, l1, x2, l2, eps=0.1)
+        >>> W.shape, bool((W.diagonal() == 0).all()), torch.equal(W, W.T)
+        (torch.Size([5, 5]), True, True)
     """
     check_cloud("x1", x1)
     check_cloud("x2", x2)

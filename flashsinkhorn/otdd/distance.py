@@ -89,10 +89,11 @@ def otdd_distance(
     check_finite: bool = True,
     progress: bool = False,
 ) -> torch.Tensor:
-    """Debiased OTDD between two labelled datasets, differentiable w.r.t. the points.
+    r"""Debiased OTDD between two labelled datasets, differentiable w.r.t. the points.
 
     OTDD = S_eps(D1, D2) = OT(D1, D2) − ½ OT(D1, D1) − ½ OT(D2, D2) with the label-augmented
-    cost ``feature_weight · ‖x − y‖² + label_weight · W[ℓ, ℓ']``; the self terms pair each
+    cost $\lambda_1 \|x - y\|^2 + \lambda_2\, W[\ell, \ell']$
+    (``feature_weight · ‖x − y‖² + label_weight · W[ℓ, ℓ']``); the self terms pair each
     dataset's labels with themselves, which is why W covers the union of the label sets
     (index k for class k of dataset 1, V1 + k' for class k' of dataset 2; see
     :func:`class_distance_matrix`).
@@ -145,6 +146,16 @@ def otdd_distance(
 
     Raises:
         ValueError, TypeError: for invalid arguments, naming the argument.
+
+    Examples:
+        >>> import torch
+        >>> from flashsinkhorn.otdd import otdd_distance
+        >>> x1, l1 = torch.rand(60, 2, requires_grad=True), torch.arange(60) % 3
+        >>> x2, l2 = torch.rand(40, 2) + 0.5, torch.arange(40) % 2
+        >>> d = otdd_distance(x1, l1, x2, l2, eps=0.1)
+        >>> d.backward()                               # moves the points of dataset 1
+        >>> bool(d > 0), x1.grad.shape
+        (True, torch.Size([60, 2]))
     """
     check_cloud("x1", x1)
     check_cloud("x2", x2)
