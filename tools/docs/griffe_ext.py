@@ -4,7 +4,8 @@ turns their plain-text references into links on the site, without touching the s
 - Sphinx roles (``:func:`sinkhorn```, ``:class:`~flashsinkhorn.costs.CostSpec```) become
   cross-references to the documented object (plain code when it is not documented, e.g. a
   private helper or a torch class).
-- ``docs/<page>.md`` mentions become links to that page of the site, titled by the page.
+- ``docs/<page>.md`` mentions become links to that page of the site, titled by the page, and
+  "the paper" a link to its entry on the references page.
 - A parameter default that names a module constant (``tau=DEFAULT_TAU``) shows the constant's
   value (``tau=1e-05``).
 """
@@ -20,6 +21,8 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 ROLE = re.compile(
     r":(?:py:)?(func|class|meth|attr|mod|data|obj|exc):`(~?)([^`<]+?)(?:\s*<([^>]+)>)?`"
 )
+# "the paper" means FlashSinkhorn's (the mHC paper on the mHC pages): linked to the references.
+PAPER = re.compile(r"(?<![\[\w`])((?:the )?(?:mHC |FlashSinkhorn )?[Pp]aper)(?![\w\]`])")
 DOC_PAGE = re.compile(r"(?<![\w/])docs/([\w/-]+)\.md(#[\w-]+)?")
 
 
@@ -76,7 +79,11 @@ def _link_pages(text: str) -> str:
             return m.group(0)
         return f"[{_title(name)}](../{name}.md{anchor})"
 
-    return DOC_PAGE.sub(page, text)
+    def paper(m: re.Match) -> str:
+        anchor = "mhc2025" if "mHC" in m.group(1) else "flashsinkhorn"
+        return f"[{m.group(1)}](../references.md#{anchor})"
+
+    return PAPER.sub(paper, DOC_PAGE.sub(page, text))
 
 
 def _constant_defaults(func: griffe.Function) -> None:
