@@ -85,10 +85,11 @@ def ot_cost(
             uniform.
         b: weights of y, (m,) or (B, m); default uniform.
         eps: entropic regularisation, in units of the cost (squared distance).
-        n_iters, tol, check_every, schedule, acceleration, omega, anderson_memory, scaling,
-        diameter, rho_x, rho_y, backend, precision, check_finite: as in
-            :func:`flashsinkhorn.sinkhorn` (defaults: 1000, 1e-3, 10, "auto", "auto", None,
-            5, "auto", None, None, None, "auto", "auto", True).
+        n_iters, tol, check_every, schedule, acceleration, omega, anderson_memory: as in
+            :func:`flashsinkhorn.sinkhorn` (defaults: 1000, 1e-3, 10, "auto", "auto", None, 5).
+        scaling, diameter, rho_x, rho_y, backend, precision, check_finite: as in
+            :func:`flashsinkhorn.sinkhorn` (defaults: "auto", None, None, None, "auto",
+            "auto", True).
         path: "auto" (default), "streaming", "dense" or "multiscale", as in
             :func:`flashsinkhorn.sinkhorn`; "multiscale" (d <= 3) differentiates through the
             block-sparse plan (first derivatives only; docs/multiscale.md).

@@ -145,8 +145,9 @@ def ot_cost(
         y_local: (m_local, d) this rank's rows of y.
         a_local: (n_local,) weights of those rows, or None on every rank (uniform).
         b_local: (m_local,) weights, or None on every rank (uniform).
-        eps, group, mode, n_iters, tol, check_every, schedule, scaling, diameter, rho_x,
-        rho_y, backend, precision, check_finite: as in
+        eps, group, mode, n_iters, tol, check_every, schedule: as in
+            :func:`flashsinkhorn.distributed.sinkhorn`.
+        scaling, diameter, rho_x, rho_y, backend, precision, check_finite: as in
             :func:`flashsinkhorn.distributed.sinkhorn`.
 
     Returns:
@@ -278,8 +279,9 @@ def sinkhorn_divergence(
 
     Args:
         x_local, y_local, a_local, b_local: this rank's shards, as in :func:`ot_cost`.
-        eps, group, mode, n_iters, tol, check_every, schedule, scaling, diameter, rho_x,
-        rho_y, backend, precision, check_finite: as in
+        eps, group, mode, n_iters, tol, check_every, schedule: as in
+            :func:`flashsinkhorn.distributed.sinkhorn`.
+        scaling, diameter, rho_x, rho_y, backend, precision, check_finite: as in
             :func:`flashsinkhorn.distributed.sinkhorn`.
 
     Returns:

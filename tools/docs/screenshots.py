@@ -84,7 +84,15 @@ def main() -> int:
     parser.add_argument("--site", type=Path, default=Path("site"))
     parser.add_argument("--out", type=Path, default=Path("out/screenshots"))
     parser.add_argument("--height", type=int, default=2400)
+    parser.add_argument(
+        "--page",
+        action="append",
+        metavar="NAME=PATH",
+        help="another page to shoot, e.g. hvp=hvp/ (repeatable)",
+    )
     args = parser.parse_args()
+    pages = dict(PAGES)
+    pages.update(dict(p.split("=", 1) for p in args.page or []))
     if not (args.site / "index.html").is_file():
         sys.exit(f"no built site in {args.site}: run `make docs` first")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -94,7 +102,7 @@ def main() -> int:
     base = f"http://127.0.0.1:{server.server_address[1]}/"
     wide = 0
     try:
-        for name, path in PAGES.items():
+        for name, path in pages.items():
             for width in WIDTHS:
                 png = args.out / f"{name}-{width}.png"
                 url = f"{base}__frame__/{width}/{args.height}/{path}"
