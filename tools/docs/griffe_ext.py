@@ -6,6 +6,7 @@ turns their plain-text references into links on the site, without touching the s
   private helper or a torch class).
 - ``docs/<page>.md`` mentions become links to that page of the site, titled by the page, and
   "the paper" a link to its entry on the references page.
+- A "Returns:" paragraph that opens with prose keeps its first colon out of the type column.
 - A parameter default that names a module constant (``tau=DEFAULT_TAU``) shows the constant's
   value (``tau=1e-05``).
 """
@@ -86,6 +87,23 @@ def _link_pages(text: str) -> str:
     return PAPER.sub(paper, DOC_PAGE.sub(page, text))
 
 
+RETURNS = re.compile(r"^(\s*)Returns:\n(\s+)(.+)$", re.M)
+
+
+def _returns_as_prose(text: str) -> str:
+    """A "Returns:" paragraph that starts with prose ("An HVPResult: ``.hvp``, ...") would be
+    split at its first colon into a type and a description; the colon becomes a dash. A
+    leading plain type ("Tensor: the value") is left to the parser."""
+
+    def fix(m: re.Match) -> str:
+        head, sep, tail = m.group(3).partition(": ")
+        if sep and " " in head.strip():
+            return f"{m.group(1)}Returns:\n{m.group(2)}{head} — {tail}"
+        return m.group(0)
+
+    return RETURNS.sub(fix, text)
+
+
 def _constant_defaults(func: griffe.Function) -> None:
     for param in func.parameters:
         default = param.default
@@ -116,7 +134,7 @@ class SiteLinks(griffe.Extension):
         seen.add(id(obj))
         if obj.docstring is not None:
             text = _link_roles(obj, obj.docstring.value)
-            obj.docstring.value = _link_pages(text)
+            obj.docstring.value = _returns_as_prose(_link_pages(text))
         if isinstance(obj, griffe.Function):
             _constant_defaults(obj)
         for member in obj.members.values():
