@@ -7,12 +7,14 @@ turns their plain-text references into links on the site, without touching the s
 - ``docs/<page>.md`` mentions become links to that page of the site, titled by the page, and
   "the paper" a link to its entry on the references page.
 - A "Returns:" paragraph that opens with prose keeps its first colon out of the type column.
+- Names a package imports lazily (through a module ``__getattr__``) are made visible.
 - A parameter default that names a module constant (``tau=DEFAULT_TAU``) shows the constant's
   value (``tau=1e-05``).
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -121,10 +123,42 @@ def _constant_defaults(func: griffe.Function) -> None:
                 param.default = value
 
 
+def _modules(module: griffe.Module):
+    yield module
+    for member in module.members.values():
+        if isinstance(member, griffe.Module):
+            yield from _modules(member)
+
+
+def _lazy_names(module: griffe.Module) -> None:
+    """Names a package imports on first access (a module ``__getattr__`` reading a dict such as
+    ``_PUBLIC = {"hvp": ".operator"}``) become aliases, as static analysis cannot see them."""
+    if "__getattr__" not in module.members:
+        return
+    for attr in list(module.members.values()):
+        if not isinstance(attr, griffe.Attribute) or attr.value is None:
+            continue
+        try:
+            table = ast.literal_eval(str(attr.value))
+        except (ValueError, SyntaxError):
+            continue
+        if not isinstance(table, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and v.startswith(".")
+            for k, v in table.items()
+        ):
+            continue
+        for name, relative in table.items():
+            if name not in module.members:
+                target = f"{module.path}{relative}.{name}"
+                module.set_member(name, griffe.Alias(name, target, parent=module))
+
+
 class SiteLinks(griffe.Extension):
     """Rewrites docstrings and defaults of the whole package once it is loaded."""
 
     def on_package(self, *, pkg: griffe.Module, **kwargs) -> None:
+        for module in _modules(pkg):
+            _lazy_names(module)
         seen: set[int] = set()
         self._visit(pkg, seen)
 
