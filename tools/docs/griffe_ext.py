@@ -106,21 +106,38 @@ def _returns_as_prose(text: str) -> str:
     return RETURNS.sub(fix, text)
 
 
-def _constant_defaults(func: griffe.Function) -> None:
-    for param in func.parameters:
-        default = param.default
-        if not isinstance(default, griffe.ExprName):
-            continue
+LITERAL = re.compile(r"[-+]?[\d.eE_+-]+|True|False|None|'[^']*'|\"[^\"]*\"")
+
+
+def _constant_value(scope: griffe.Object | None, expr: object) -> str | None:
+    """The literal value of a module constant that ``expr`` names, seen from ``scope``."""
+    if not isinstance(expr, griffe.ExprName):
+        return None
+    while scope is not None:
         try:
-            target = func.parent.get_member(default.name) if func.parent else None
+            target = scope.get_member(expr.name) if expr.name in scope.members else None
             while isinstance(target, griffe.Alias):
                 target = target.final_target
         except (griffe.AliasResolutionError, KeyError):
-            continue
+            return None
         if isinstance(target, griffe.Attribute) and target.value is not None:
             value = str(target.value)
-            if re.fullmatch(r"[-+]?[\d.eE_+-]+|True|False|None|'[^']*'|\"[^\"]*\"", value):
+            return value if LITERAL.fullmatch(value) else None
+        scope = scope.parent
+    return None
+
+
+def _constant_defaults(obj: griffe.Object) -> None:
+    if isinstance(obj, griffe.Function):
+        for param in obj.parameters:
+            value = _constant_value(obj.parent, param.default)
+            if value is not None:
                 param.default = value
+    elif isinstance(obj, griffe.Attribute) and isinstance(obj.parent, griffe.Class):
+        # a dataclass field (``tau: float = DEFAULT_TAU``): its value is the default shown
+        value = _constant_value(obj.parent.parent, obj.value)
+        if value is not None:
+            obj.value = value
 
 
 def _modules(module: griffe.Module):
@@ -169,8 +186,7 @@ class SiteLinks(griffe.Extension):
         if obj.docstring is not None:
             text = _link_roles(obj, obj.docstring.value)
             obj.docstring.value = _returns_as_prose(_link_pages(text))
-        if isinstance(obj, griffe.Function):
-            _constant_defaults(obj)
+        _constant_defaults(obj)
         for member in obj.members.values():
             if not isinstance(member, griffe.Alias):
                 self._visit(member, seen)
