@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import torch
 
@@ -101,9 +102,17 @@ def main() -> None:
     parser.add_argument("--eps", type=float, default=0.02, help="entropic regularisation")
     parser.add_argument("--tol", type=float, default=1e-5, help="marginal error to reach")
     parser.add_argument("--max-iters", type=int, default=1500, help="iteration cap")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="150 points per cloud, to a tolerance of 1e-4, at most 600 iterations",
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     args = parser.parse_args()
+    if args.quick:
+        args.n, args.tol, args.max_iters = 150, 1e-4, 600
     torch.set_num_threads(args.threads)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     curves = histories(args.n, args.eps, args.tol, args.max_iters)
     draw(curves, args.tol, args.out)
 

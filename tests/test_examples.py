@@ -42,6 +42,7 @@ def test_help_starts_no_work(name, tmp_path, monkeypatch, capsys):
 
 
 QUICK = {
+    "convergence.py": ["out/convergence.png", "--quick"],
     "demo.py": ["--quick", "--out", "out/demo.png"],
     "gradient_flow.py": ["out/flow", "--quick"],
     "hvp_accuracy.py": ["--quick"],
@@ -53,6 +54,7 @@ QUICK = {
     "flow_matching.py": ["--quick", "--out", "out/fm"],
 }
 NEEDS = {
+    "convergence.py": ["matplotlib"],
     "gradient_flow.py": ["matplotlib"],
     "multiscale_stages.py": ["matplotlib"],
     "otdd.py": ["matplotlib", "sklearn", "tqdm"],
