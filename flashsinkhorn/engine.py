@@ -70,7 +70,9 @@ def _solve(problem, impl, eps_list, opts: SinkhornOptions) -> SinkhornResult:
             st = solve_multiscale(problem, impl, eps_list, opts, problem.diameter)
         else:
             st = solve(problem, impl, eps_list, opts)
-        return st, dual_value(problem, st.f, st.g, st.eps, impl)
+        value = dual_value(problem, st.f, st.g, st.eps, impl)
+        impl.release()
+        return st, value
 
     # A fixed number of iterations never synchronises: on CUDA the solve and its value may
     # be replayed from a cached graph (solvers/graphs.py).

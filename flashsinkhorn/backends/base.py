@@ -258,6 +258,11 @@ class Backend(ABC):
         identity, except for a backend that shards one problem over several processes."""
         return err
 
+    def release(self) -> None:
+        """Called once the solve of its problem is done: a backend that holds per-problem
+        buffers (the CPU kernel path's stored kernel) frees them. Later calls still work."""
+        return None
+
     def dual_value(self, problem, f: torch.Tensor, g: torch.Tensor, eps: float):
         """(B,) OT_eps of the potentials in one fused reduction, or None when the backend has
         none (solvers/objective.dual_value then evaluates its torch formula)."""

@@ -317,8 +317,11 @@ class TorchBackend(Backend):
     name = "torch"
     path = "dense"  # row blocks of the score matrix are materialised
 
-    def __init__(self, chunk_elements: int = CHUNK_ELEMENTS):
+    def __init__(self, chunk_elements: int = CHUNK_ELEMENTS, kernel_path: bool = False):
         self.chunk_elements = chunk_elements
+        #: ``backend="auto"`` on the CPU: ``select_path`` may replace it with the stored-kernel
+        #: backend (kernel_cpu.py); ``backend="torch"`` keeps the log-domain soft-min.
+        self.kernel_path = kernel_path
 
     def softmin(self, rows, cols, col_pot, eps, old, alpha, beta, want_raw, precision):
         B, n, _ = rows.x.shape
