@@ -198,3 +198,22 @@ def test_divergence_and_gradient_on_kernel_path():
     fs.ot_cost(xg, y, a, b, eps=0.02, tol=1e-10).backward()
     fs.ot_cost(xr, y, a, b, eps=0.02, tol=1e-10, backend="torch").backward()
     assert torch.allclose(xg.grad, xr.grad, rtol=0, atol=1e-8)
+
+
+def test_auto_takes_multiscale_on_cpu_where_the_kernel_does_not_fit():
+    """On CPU tensors "auto" keeps the stored kernel below its budget (faster there, 5000²,
+    d = 2, eps = 1e-3) and takes the multiscale path above it for small eps and d <= 3."""
+    from flashsinkhorn.multiscale import multiscale_applies
+    from flashsinkhorn.options import SinkhornOptions
+
+    x, y = torch.rand(5000, 2), torch.rand(5000, 2)
+    opts = SinkhornOptions.build(x, y, eps=1e-3)
+    assert not multiscale_applies(x, y, opts)
+    old = kernel_cpu.KERNEL_MAX_BYTES
+    try:
+        kernel_cpu.KERNEL_MAX_BYTES = 5000 * 5000 * 4 - 1
+        assert multiscale_applies(x, y, opts)
+        assert not multiscale_applies(x, y, opts.replace(eps=0.1))
+        assert not multiscale_applies(x.double(), y.double(), opts.replace(tol=None))
+    finally:
+        kernel_cpu.KERNEL_MAX_BYTES = old

@@ -9,28 +9,26 @@ stores
 
 once, and a soft-min of R from the column potential p is one matrix–vector product:
 
-    T_i = p̄_R,i − eps · log s_i,   s = K v,   v_j = w_j exp((p_j − p̄_C,j) / eps);
+    T_i = p̄_R,i − eps (log s_i + c),   s = K v,   v_j = w_j exp(δ_j − c),
+    δ_j = (p_j − p̄_C,j) / eps,   c = max_j δ_j;
 
-the soft-min of C from a row potential q reads the same K transposed (s = Kᵀ u). No
+the soft-min of C from a row potential reads the same K transposed (s = Kᵀ u). No
 exponential of the n·m scores is taken after the build, which is what POT's ``ot.sinkhorn``
 does, here with the stabilisation of Schmitzer (2019): the potentials absorbed into K are kept
-close to the current ones, so that v and s stay far from under- and overflow.
+close enough to the current ones that v and s stay far from under- and overflow.
 
-Absorption: K is built from the soft-min that triggers it, computed exactly in the log domain
-(T of that call, so p̄_R = T and p̄_C = p). Then Σ_j K_ij w_j = 1 for every row and
-K_ij <= 1/w_j. It is rebuilt (same cost as one log-domain half-step) when
+Absorption: K is built from the soft-min that needs it, computed exactly in the log domain
+(T of that call, so p̄_R = T and p̄_C = p); then Σ_j K_ij w_j = 1 for every row. It is rebuilt
+(about the cost of one log-domain soft-min) when eps changes (the other half-step of an
+annealing iteration reuses it), when the spread max δ − min δ exceeds a bound, or when a sum
+s_i falls below a floor (:func:`_limits`). Entries of K below exp(CUT) of their row's largest
+are stored as 0; with v <= w and the floor on s the mass they carry stays under the dtype's
+rounding of every sum (derivation: docs/cpu.md).
 
-- eps changes (each step of an annealing ladder builds its own: a build costs about one
-  log-domain soft-min, and the other half-step of the iteration reuses it);
-- a column scaling leaves ``|p − p̄| <= TAU · eps``, or a sum s_i leaves
-  ``[exp(−2 TAU), exp(2 TAU)]`` (some row lost every entry it reads, or nearly).
-
-Entries of K below ``exp(CUT)`` (relative to the row sums, which start at 1) are stored as 0;
-with the two bounds above the mass they carry stays below exp(CUT + 3 TAU) of a sum, under the
-dtype's rounding (docs/cpu.md). Costs other than the plain squared Euclidean one and label
-terms are read from the cost block that the torch backend forms. At large eps (the expanded
-soft-min, limits.py) and for sides other than the problem's (a dual-value pass with other
-weights) the backend runs the log-domain soft-min itself.
+Costs other than the plain squared Euclidean one and label terms are read from the cost block
+that the torch backend forms. At large eps (the expanded soft-min, limits.py) and for sides
+other than the problem's (a dual-value pass with other weights) the backend runs the
+log-domain soft-min itself.
 """
 
 from __future__ import annotations
