@@ -32,18 +32,19 @@ def _tol(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("B", [None, 3])
 def test_softmins_match_log_domain_across_absorptions(dtype, B):
-    """A sequence of half-steps whose potentials drift by up to three times the spread the
-    kernel tolerates (several rebuilds, none needed for some steps) gives the log-domain
+    """A sequence of half-steps whose column potentials drift apart by up to 110 eps (float32;
+    1100 eps in float64): several rebuilds, none needed for some steps; the log-domain
     soft-min every time."""
     p = _problem(dtype, B)
     X, Y = p.X, p.Y
-    eps = 0.01
+    # float64's floor (e^-288 per column) needs scores of that range
+    eps = 0.01 if dtype == torch.float32 else 0.002
     kern, ref_ = KernelBackend(), TorchBackend()
     gen = torch.Generator().manual_seed(1)
     f = torch.zeros_like(X.sq)
     g = torch.zeros_like(Y.sq)
     for k in range(12):
-        drift = k * eps * kernel_cpu._limits(dtype)[0] / 4
+        drift = k * eps * (10.0 if dtype == torch.float32 else 100.0)
         g_k = g + drift * torch.rand(g.shape, generator=gen, dtype=dtype)
         new, raw = kern.softmin(X, Y, g_k, eps, f, 0.25, 0.5, True, "ieee")
         new_r, raw_r = ref_.softmin(X, Y, g_k, eps, f, 0.25, 0.5, True, "ieee")
@@ -73,7 +74,7 @@ def test_softmin_rebuilds_when_a_row_loses_its_mass():
     kern.softmin(X, Y, g, eps, f, 0.0, 1.0, False, "ieee")
     assert kern.builds == 1
     g2 = g.clone()
-    g2[0, 0] += 25 * eps  # inside the spread bound, but rows far from point 0 lose their sum
+    g2[0, 0] += 60 * eps  # point 0 takes the mass: rows far from it fall below the floor
     _, t = kern.softmin(X, Y, g2, eps, f, 0.0, 1.0, True, "ieee")
     _, t_r = ref_.softmin(X, Y, g2, eps, f, 0.0, 1.0, True, "ieee")
     assert torch.isfinite(t).all()

@@ -9,8 +9,8 @@ stores
 
 once, and a soft-min of R from the column potential p is one matrix–vector product:
 
-    T_i = p̄_R,i − eps (log s_i + c),   s = K v,   v_j = w_j exp(δ_j − c),
-    δ_j = (p_j − p̄_C,j) / eps,   c = max_j δ_j;
+    T_i = p̄_R,i − eps (log s_i + c),   s = K v,   v_j = exp(z_j − c),
+    z_j = log w_j + (p_j − p̄_C,j) / eps,   c = max_j z_j;
 
 the soft-min of C from a row potential reads the same K transposed (s = Kᵀ u). No
 exponential of the n·m scores is taken after the build, which is what POT's ``ot.sinkhorn``
@@ -20,10 +20,9 @@ close enough to the current ones that v and s stay far from under- and overflow.
 Absorption: K is built from the soft-min that needs it, computed exactly in the log domain
 (T of that call, so p̄_R = T and p̄_C = p); then Σ_j K_ij w_j = 1 for every row. It is rebuilt
 (about the cost of one log-domain soft-min) when eps changes (the other half-step of an
-annealing iteration reuses it), when the spread max δ − min δ exceeds a bound, or when a sum
-s_i falls below a floor (:func:`_limits`). Entries of K below exp(CUT) of their row's largest
-are stored as 0; with v <= w and the floor on s the mass they carry stays under the dtype's
-rounding of every sum (derivation: docs/cpu.md).
+annealing iteration reuses it) and when a sum s_i falls below a floor (:func:`_limits`).
+Entries of K below exp(CUT) of their row's largest are stored as 0; with v <= 1 and the floor
+on s the mass they carry stays under the dtype's rounding of every sum (docs/cpu.md).
 
 Costs other than the plain squared Euclidean one and label terms are read from the cost block
 that the torch backend forms. At large eps (the expanded soft-min, limits.py) and for sides
@@ -62,18 +61,16 @@ def kernel_fits(problem: Problem) -> bool:
 
 @functools.cache
 def _limits(dtype: torch.dtype) -> tuple[float, float, float]:
-    """(largest spread of the column scalings' exponents, smallest sum s_i, CUT) of a dtype.
+    """(smallest sum s_i per column, CUT, log of the smallest normal number) of a dtype.
 
     With L = −log(smallest normal number) (87.3 in float32, 708.4 in float64) and u the unit
-    of rounding: entries of K below exp(CUT), CUT = −0.46 L, are stored as 0. The scalings are
-    divided by their largest, so v_j <= w_j and the zeroed entries carry at most exp(CUT) of a
-    sum; a sum s_i >= exp(CUT) / (u e²) keeps that under exp(−2) u of it. The spread bound
-    L − |CUT| − 20 keeps the products K_ij v_j normal numbers for m w_j >= exp(−20).
+    of rounding: entries of K below exp(CUT), CUT = −0.46 L, are stored as 0. The column
+    scalings are divided by their largest, so v_j <= 1 and the zeroed entries carry at most
+    m exp(CUT) of a sum; a sum s_i >= m exp(CUT) / (u e²) keeps that under exp(−2) u of it.
     """
     fi = torch.finfo(dtype)
-    big = -math.log(fi.tiny)
-    cut = -0.46 * big
-    return big + cut - 20.0, math.exp(cut - math.log(fi.eps) + 2.0), cut
+    cut = -0.46 * -math.log(fi.tiny)
+    return math.exp(cut - math.log(fi.eps) + 2.0), cut, math.log(fi.tiny)
 
 
 def _same(a: Side, b: Side) -> bool:
@@ -163,28 +160,22 @@ class KernelBackend(TorchBackend):
         return None
 
     def _apply(self, orientation: int, cols: Side, col_pot, eps: float):
-        # (kernel of this orientation, absorbed row potential, −absorbed column potential/eps)
-        K, pr, npc = self._views[orientation]
-        spread_max, floor, _ = _limits(pr.dtype)
-        delta = torch.add(npc, col_pot, alpha=1.0 / eps)
+        # (kernel of this orientation, absorbed row potential, log w − absorbed column
+        # potential/eps): z = log v before the shift
+        K, pr, cw = self._views[orientation]
+        z = torch.add(cw, col_pot, alpha=1.0 / eps)
         # a common shift of the column potential shifts T only: scale by the largest term
-        if K.dim() == 2:
-            lo, hi = delta.aminmax()
-            hi = hi.item()
-            spread = hi - lo.item()
-        else:
-            lo, hi = delta.aminmax(dim=-1, keepdim=True)
-            spread = (hi - lo).amax().item()
-        if not spread <= spread_max:  # also False for NaN
-            return None
-        v = torch.add(delta, cols.logw).sub_(hi).exp_()
+        top = z.amax() if K.dim() == 2 else z.amax(dim=-1, keepdim=True)
+        # (clamped at the smallest normal exponent: a float32 exp that underflows is slow, and
+        # v_j <= 1e-38 is far below the floor's resolution of s)
+        v = z.sub_(top).clamp_(min=_limits(pr.dtype)[2]).exp_()
         if K.dim() == 2:
             s = torch.mv(K, v.view(-1))
         else:
             s = torch.bmm(K, v[:, :, None])[..., 0]
-        if not s.min().item() >= floor:
+        if not s.min().item() >= _limits(pr.dtype)[0] * cols.n:  # also False for NaN
             return None
-        return torch.add(pr, s.log_().add_(hi), alpha=-eps)
+        return torch.add(pr, s.log_().add_(top), alpha=-eps)
 
     def _build(self, rows: Side, cols: Side, col_pot, eps: float) -> torch.Tensor:
         """Builds K for (rows, cols) absorbing (T, col_pot), T the exact soft-min it returns."""
@@ -192,7 +183,7 @@ class KernelBackend(TorchBackend):
         B, n, _ = rows.x.shape
         m = cols.x.shape[1]
         dtype = rows.sq.dtype
-        cut = _limits(dtype)[2]
+        cut = _limits(dtype)[1]
         K = torch.empty((B, n, m), dtype=dtype)
         T = torch.empty_like(rows.sq)
         w = cols.w.to(dtype)[:, :, None]
@@ -221,7 +212,10 @@ class KernelBackend(TorchBackend):
         self._K, self._rows, self._cols = K, rows, cols
         Km = K[0] if B == 1 else K
         Kt = Km.transpose(-2, -1)
-        # −p̄/eps of each side, the column term of its orientation
-        self._views = ((Km, T, col_pot / -eps), (Kt, col_pot.clone(), T / -eps))
+        # log w − p̄/eps of each side, the column term of its orientation
+        self._views = (
+            (Km, T, torch.add(cols.logw, col_pot, alpha=-1.0 / eps)),
+            (Kt, col_pot.clone(), torch.add(rows.logw, T, alpha=-1.0 / eps)),
+        )
         self.builds += 1
         return T
