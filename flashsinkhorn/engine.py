@@ -69,7 +69,8 @@ def _solve(problem, impl, eps_list, opts: SinkhornOptions) -> SinkhornResult:
             check_multiscale_eps(problem, eps_list[-1])
             st = solve_multiscale(problem, impl, eps_list, opts, problem.diameter)
         else:
-            st = solve(problem, impl, eps_list, opts)
+            with impl.threads():
+                st = solve(problem, impl, eps_list, opts)
         value = dual_value(problem, st.f, st.g, st.eps, impl)
         impl.release()
         return st, value

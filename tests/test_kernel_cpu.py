@@ -218,3 +218,25 @@ def test_auto_takes_multiscale_on_cpu_where_the_kernel_does_not_fit():
         assert not multiscale_applies(x.double(), y.double(), opts.replace(tol=None))
     finally:
         kernel_cpu.KERNEL_MAX_BYTES = old
+
+
+def test_small_problem_runs_on_one_thread_and_restores_the_setting():
+    """A small kernel solves on one intra-op thread; the caller's thread count comes back."""
+    saved = torch.get_num_threads()
+    seen = []
+    x, y, _, _ = weighted_clouds(30, 20, 2, dtype=torch.float32)
+    orig = KernelBackend._kernel_softmin
+
+    def spy(self, *args):
+        seen.append(torch.get_num_threads())
+        return orig(self, *args)
+
+    try:
+        torch.set_num_threads(2)
+        KernelBackend._kernel_softmin = spy
+        res = fs.sinkhorn(x, y, eps=0.1, tol=1e-4)
+        assert res.path == "kernel" and set(seen) == {1}
+        assert torch.get_num_threads() == 2
+    finally:
+        KernelBackend._kernel_softmin = orig
+        torch.set_num_threads(saved)

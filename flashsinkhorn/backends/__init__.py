@@ -70,7 +70,7 @@ def select_path(backend: Backend, problem, path: str) -> Backend:
         if path == "streaming":
             raise ValueError("path='streaming' needs backend='triton' (the torch backend is dense)")
         if path == "auto" and getattr(backend, "kernel_path", False) and kernel_fits(problem):
-            return KernelBackend(backend.chunk_elements)
+            return KernelBackend(backend.chunk_elements, problem.B * problem.X.n * problem.Y.n)
         return backend
     if path == "streaming":
         return backend
