@@ -69,8 +69,11 @@ def _solve(problem, impl, eps_list, opts: SinkhornOptions) -> SinkhornResult:
             check_multiscale_eps(problem, eps_list[-1])
             st = solve_multiscale(problem, impl, eps_list, opts, problem.diameter)
         else:
-            st = solve(problem, impl, eps_list, opts)
-        return st, dual_value(problem, st.f, st.g, st.eps, impl)
+            with impl.threads():
+                st = solve(problem, impl, eps_list, opts)
+        value = dual_value(problem, st.f, st.g, st.eps, impl)
+        impl.release()
+        return st, value
 
     # A fixed number of iterations never synchronises: on CUDA the solve and its value may
     # be replayed from a cached graph (solvers/graphs.py).

@@ -84,6 +84,9 @@ def sinkhorn(
             constraint.
         rho_y: the same for the y marginal; one of the two alone gives semi-unbalanced OT.
         backend: "auto" (Triton for CUDA tensors, torch otherwise), "torch" or "triton".
+            On CPU tensors "auto" stores the stabilised kernel exp((f + g − C)/eps) once per
+            eps and iterates matrix–vector products where it fits 1 GiB
+            (``result.path == "kernel"``, docs/cpu.md); "torch" is the log-domain soft-min.
         precision: dot-product precision of the kernels: "ieee" (exact fp32), "tf32" (points
             rounded to TF32, then exact products: a 2^-11 relative perturbation of the
             centred coordinates), "tf32x3" (fp32-accurate: float16 hi/lo parts of the

@@ -8,6 +8,7 @@ import os
 import torch
 
 from .base import Backend
+from .kernel_cpu import KernelBackend, kernel_fits
 from .torch_ref import TorchBackend
 
 _TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -28,14 +29,15 @@ def _interpreting() -> bool:
 def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> Backend:
     """Maps ``backend=`` to an implementation.
 
-    "auto" picks Triton for CUDA tensors of a dtype it handles and torch otherwise;
-    "triton" on CPU tensors needs the interpreter (TRITON_INTERPRET=1).
+    "auto" picks Triton for CUDA tensors of a dtype it handles and torch otherwise (on CPU
+    tensors, one that ``select_path`` may turn into the stored-kernel backend); "torch" is the
+    log-domain soft-min; "triton" on CPU tensors needs the interpreter (TRITON_INTERPRET=1).
     """
     if name == "auto":
         if device.type == "cuda" and dtype in _TRITON_DTYPES and triton_available():
             name = "triton"
         else:
-            name = "torch"
+            return TorchBackend(kernel_path=device.type == "cpu")
     if name == "torch":
         return TorchBackend()
     if not triton_available():
@@ -59,12 +61,16 @@ def select_path(backend: Backend, problem, path: str) -> Backend:
     """Chooses between streaming kernels and a stored Gram matrix for the soft-mins.
 
     "auto" takes the dense path on the Triton backend for fp32 points with d >= 256 when
-    B·n·m fp32 values fit the memory budget (see ``triton/dense.py``, ``triton/configs.py``); the
-    torch backend always works on materialised row blocks.
+    B·n·m fp32 values fit the memory budget (see ``triton/dense.py``, ``triton/configs.py``); on
+    CPU tensors with ``backend="auto"`` the stored Gibbs kernel when its B·n·m values fit
+    ``kernel_cpu.KERNEL_MAX_BYTES`` (``kernel_cpu.py``); the torch backend otherwise works on
+    materialised row blocks of log-domain scores.
     """
     if backend.name != "triton":
         if path == "streaming":
             raise ValueError("path='streaming' needs backend='triton' (the torch backend is dense)")
+        if path == "auto" and getattr(backend, "kernel_path", False) and kernel_fits(problem):
+            return KernelBackend(backend.chunk_elements, problem.B * problem.X.n * problem.Y.n)
         return backend
     if path == "streaming":
         return backend

@@ -14,6 +14,7 @@ optionally T itself, from which the marginals of the current plan follow for fre
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 
 import torch
@@ -257,6 +258,16 @@ class Backend(ABC):
         """(B,) marginal error of the whole problem from this process's part of it: the
         identity, except for a backend that shards one problem over several processes."""
         return err
+
+    def threads(self):
+        """Context in which the solver loop runs: the CPU kernel path of a small problem runs
+        it on one intra-op thread (parallel regions cost more than they save there)."""
+        return contextlib.nullcontext()
+
+    def release(self) -> None:
+        """Called once the solve of its problem is done: a backend that holds per-problem
+        buffers (the CPU kernel path's stored kernel) frees them. Later calls still work."""
+        return None
 
     def dual_value(self, problem, f: torch.Tensor, g: torch.Tensor, eps: float):
         """(B,) OT_eps of the potentials in one fused reduction, or None when the backend has

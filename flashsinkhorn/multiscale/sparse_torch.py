@@ -21,6 +21,7 @@ import math
 
 import torch
 
+from ..backends.torch_ref import exp_floored_
 from .clustering import TILE
 
 #: Score elements formed at once (pairs · TILE · TILE).
@@ -90,7 +91,7 @@ def sparse_lse(
         # rescale the running sums to the new maxima, then add this chunk's terms
         scale = torch.exp(run_max - safe)
         run_sum.mul_(scale)
-        e = torch.exp(z - safe[r][:, :, None])
+        e = exp_floored_(z.sub_(safe[r][:, :, None]))
         run_sum.index_add_(0, r, e.sum(-1))
         if run_v is not None:
             run_v.mul_(scale[..., None])
