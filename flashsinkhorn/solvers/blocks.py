@@ -74,7 +74,7 @@ class GraphedBlock:
             and opts.tol is not None
             and opts.check_every > 1
             and problem.device.type == "cuda"
-            and getattr(type(backend), "graph_safe", False)
+            and backend.capabilities.graph_safe
             and not torch.cuda.is_current_stream_capturing()
         )
 

@@ -8,9 +8,11 @@ into a CUDA graph (with the dual value computed from the potentials). From the t
 the graph replays them in one launch, without the Python and launcher work of the ~20–30
 kernels (the host work of a 10-iteration solve is then one graph launch).
 
-The key holds everything the launches depend on. For every tensor of the problem it holds the
-address, shape, strides and dtype; it also holds every other field of the problem, the eps
-ladder, the number of iterations, the schedule and the backend class. A hit therefore replays
+The key holds everything the launches depend on (:func:`launch_key`). For every tensor of the
+problem it holds the address, shape, strides and dtype; it also holds every other field of the
+problem, every tensor outside the problem that the backend's launches read
+(``Backend.launch_tensors``: the staged label tables of the Triton kernels), the eps ladder,
+the number of iterations, the schedule and the backend class. A hit therefore replays
 exactly the launches the eager loop would make, on the data now at those addresses. The
 potentials and the value are written to the graph's own buffers and cloned for the caller.
 """
@@ -37,14 +39,10 @@ def _side_key(side) -> tuple:
     return tuple(_field_key(getattr(side, f.name)) for f in dataclasses.fields(side))
 
 
-def _problem_key(problem: Problem, backend) -> tuple | None:
-    """What every launch of a solve depends on, or None when its launches are not graphed
-    (not CUDA, a backend that holds state of its own, or a capture of the caller's under
-    way)."""
-    if problem.device.type != "cuda" or not getattr(type(backend), "graph_safe", False):
-        return None
-    if torch.cuda.is_current_stream_capturing():
-        return None
+def launch_key(problem: Problem, backend) -> tuple:
+    """What every launch of a solve on ``backend`` depends on: the backend class, every field
+    of the problem (each tensor by address, shape, strides, dtype and device), and every other
+    tensor the backend's launches read (``Backend.launch_tensors``: a staged label table)."""
     return (
         type(backend),
         problem.precision,
@@ -52,7 +50,18 @@ def _problem_key(problem: Problem, backend) -> tuple | None:
         problem.X is problem.Y,
         _side_key(problem.X),
         _side_key(problem.Y),
+        tuple(tensor_key(t) for t in backend.launch_tensors(problem)),
     )
+
+
+def _problem_key(problem: Problem, backend) -> tuple | None:
+    """:func:`launch_key`, or None when the launches are not graphed (not CUDA, a backend
+    whose launches read state of its own, or a capture of the caller's under way)."""
+    if problem.device.type != "cuda" or not backend.capabilities.graph_safe:
+        return None
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    return launch_key(problem, backend)
 
 
 def solve_key(problem: Problem, backend, eps_list, n_iters: int, schedule: str) -> tuple | None:
