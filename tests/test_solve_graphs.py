@@ -164,7 +164,7 @@ def test_cpu_solves_never_touch_the_cache():
     for _ in range(3):
         fs.sinkhorn(torch.rand(20, 3), torch.rand(17, 3), eps=0.1, n_iters=3, tol=None)
     assert graphs.stats() == {"captured": 0, "failed": 0, "replayed": 0}
-    assert graphs._CACHE.seen() == 0
+    assert graphs.seen() == 0
 
 
 def _labelled(V: int, seed: int = 0):
@@ -206,3 +206,24 @@ def test_key_holds_the_staged_label_table_the_launches_read():
     # a backend that reads nothing but the problem
     assert TorchBackend().launch_tensors(p) == ()
     assert graphs.launch_key(p, TorchBackend())[-1] == ()
+
+
+def test_one_runtime_per_device_holds_every_graph_cache():
+    from flashsinkhorn import _cuda_graph
+    from flashsinkhorn.backends.triton import prepare as tp
+    from flashsinkhorn.solvers import blocks
+
+    cpu = _cuda_graph.runtime("cpu")
+    assert _cuda_graph.runtime(torch.device("cpu")) is cpu
+    assert _cuda_graph.runtime("meta") is not cpu
+    solve_cache = graphs._cache("cpu")
+    assert blocks.cache("cpu") is cpu.caches()["blocks"]
+    assert tp._graphs("cpu") is cpu.caches()["prepare"]
+    assert cpu.caches()["solve"] is solve_cache and graphs._cache("cpu") is solve_cache
+    assert graphs._cache("meta") is not solve_cache
+    # a key met once is remembered by its device's cache, and the runtime frees them all
+    solve_cache.run(("k",), lambda: (torch.zeros(1),), torch.device("cpu"))
+    blocks.cache("cpu").see(("b",))
+    assert graphs.seen() >= 1 and blocks.cache("cpu").known(("b",))
+    cpu.clear()
+    assert solve_cache.seen() == 0 and not blocks.cache("cpu").known(("b",))

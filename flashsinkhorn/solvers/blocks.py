@@ -23,7 +23,7 @@ from collections import OrderedDict
 
 import torch
 
-from .._cuda_graph import capture
+from .._cuda_graph import capture, runtime, runtimes
 from ..tuning import TUNING
 
 _STATS = {"captured": 0, "failed": 0, "replayed": 0}
@@ -146,4 +146,14 @@ class BlockCache:
             self._seen.clear()
 
 
-CACHE = BlockCache()
+def cache(device) -> BlockCache:
+    """The block cache of ``device`` (in its runtime, ``_cuda_graph.py``)."""
+    return runtime(device).cache("blocks", BlockCache)
+
+
+def clear() -> None:
+    """Drops every cached block of every device."""
+    for rt in runtimes():
+        c = rt.caches().get("blocks")
+        if c is not None:
+            c.clear()

@@ -24,11 +24,18 @@ from collections.abc import Callable
 
 import torch
 
-from .._cuda_graph import GraphCache, tensor_key
+from .._cuda_graph import GraphCache, runtime, runtimes, tensor_key
 from ..problem import Problem
 from ..tuning import TUNING
 
-_CACHE = GraphCache(TUNING.max_solve_graphs)
+
+def _cache(device) -> GraphCache:
+    """The fixed-iteration solve graphs of ``device`` (in its runtime, ``_cuda_graph.py``)."""
+    return runtime(device).cache("solve", lambda: GraphCache(TUNING.max_solve_graphs))
+
+
+def _caches() -> list[GraphCache]:
+    return [c for rt in runtimes() for n, c in rt.caches().items() if n == "solve"]
 
 
 def _field_key(v):
@@ -86,15 +93,26 @@ def run(key: tuple, solve: Callable[[], tuple[torch.Tensor, ...]], device) -> tu
     """The tensors ``solve()`` returns: run eagerly the first time ``key`` is met, captured the
     second time, replayed from then on (the outputs are then clones of the graph's buffers).
     ``solve`` must launch work without host synchronisation."""
-    _CACHE.max_graphs = TUNING.max_solve_graphs
-    return _CACHE.run(key, solve, device)
+    cache = _cache(device)
+    cache.max_graphs = TUNING.max_solve_graphs
+    return cache.run(key, solve, device)
 
 
 def stats() -> dict[str, int]:
     """Counts of graphs captured, captures that failed, and replays, since the last clear()."""
-    return _CACHE.stats()
+    out = {"captured": 0, "failed": 0, "replayed": 0}
+    for c in _caches():
+        for k, v in c.stats().items():
+            out[k] += v
+    return out
 
 
 def clear() -> None:
     """Drops every cached graph (and the memory they hold)."""
-    _CACHE.clear()
+    for c in _caches():
+        c.clear()
+
+
+def seen() -> int:
+    """Keys met once and not captured yet, over every device."""
+    return sum(c.seen() for c in _caches())
