@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import operator
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
@@ -131,9 +132,6 @@ class _InForce:
 
     __slots__ = ()
 
-    def __getattr__(self, name: str):
-        return getattr(current(), name)
-
     def __setattr__(self, name: str, value: object) -> None:
         if name not in _FIELDS:
             raise AttributeError(f"unknown tuning switch {name!r}; known: {sorted(_FIELDS)}")
@@ -142,6 +140,21 @@ class _InForce:
     def __repr__(self) -> str:
         return repr(current())
 
+
+def _reader(name: str) -> property:
+    # a property per switch: a read costs one context-variable look-up, where a __getattr__
+    # fallback first raised and caught an AttributeError (about 10x slower)
+    def read(self, _get=_SWITCHES.get, _field=operator.attrgetter(name)):
+        got = _get(None)
+        if got is None:
+            got = current() if _SET_SOMEWHERE else _DEFAULTS
+        return _field(got)
+
+    return property(read)
+
+
+for _name in _FIELDS:
+    setattr(_InForce, _name, _reader(_name))
 
 #: The switches in force (read ``TUNING.<name>``).
 TUNING = _InForce()

@@ -236,7 +236,7 @@ def test_double_backward_refused():
     (gx,) = torch.autograd.grad(v, xs, create_graph=True)
     with pytest.raises(ValueError, match="multiscale"):
         gx.sum().backward()
-    from flashsinkhorn.hessian import HessianOperator
+    from flashsinkhorn import HessianOperator
 
     with pytest.raises(ValueError, match="multiscale"):
         HessianOperator(x, y, eps=3e-3, path="multiscale")
