@@ -25,8 +25,7 @@ __all__ = [
 ]
 
 # Second order: streaming Hessian–vector products and the scipy LinearOperator.
-from .hessian.linear_operator import hessian_operator  # noqa: E402
-from .hessian.operator import HessianOperator, HVPResult, hvp  # noqa: E402
+from .hessian import HessianOperator, HVPResult, hessian_operator, hvp  # noqa: E402
 
 __all__ += ["HVPResult", "HessianOperator", "hessian_operator", "hvp"]
 

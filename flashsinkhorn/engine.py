@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from . import _validation as V
 from . import limits
-from .autograd.matrix_cost import MatrixCostFunction
-from .autograd.samples_loss import GeomLossSpec, geomloss_problem_args, geomloss_solve_ladder
 from .backends import kernel_costs, resolve_backend, select_path
 from .backends.base import Backend
 from .backends.matrix import MatrixBackend, prepare_matrix
@@ -40,6 +39,9 @@ from .problem import Problem, prepare, self_terms
 from .result import Route, SinkhornResult, Solution
 from .solvers import SolveState, dual_value, eps_schedule, estimate_diameter, graphs, solve
 from .solvers.annealing import cost_range
+
+if TYPE_CHECKING:
+    from .autograd.samples_loss import GeomLossSpec
 
 
 def resolve_precision(precision: str, backend: Backend, dtype: torch.dtype) -> str:
@@ -261,6 +263,10 @@ def solve_matrix(C: torch.Tensor, a, b, opts: SinkhornOptions) -> SinkhornResult
         diameter = None if scale is None else math.sqrt(scale)
         eps_list = eps_schedule(opts.eps, opts.scaling, diameter)
         state, value = run(problem, impl, eps_list, opts)
+    # imported here: the autograd package imports hessian/, whose public half imports this
+    # module (the import points down, docs/architecture.md; only the order is circular)
+    from .autograd.matrix_cost import MatrixCostFunction
+
     sol = Solution(problem, impl, state.f, state.g, state.eps)
     value = MatrixCostFunction.apply(C, a, b, sol, value)
     return finish(problem, impl, state, value, opts)
@@ -299,6 +305,8 @@ def solve_geomloss(x, y, a, b, spec: GeomLossSpec) -> GeomLossSolve:
     entry of eps_list, then the extrapolation (a plain update that keeps the previous
     potentials). The self terms are those of ``problem.self_terms``.
     """
+    from .autograd.samples_loss import geomloss_problem_args, geomloss_solve_ladder
+
     base = resolve_backend(spec.backend, x.device, x.dtype)
     prec = resolve_precision(spec.precision, base, x.dtype)
     with torch.no_grad():
