@@ -82,7 +82,7 @@ class SinkhornResult:
         precision: dot-product precision used ("ieee", "tf32", "tf32x3").
         schedule: the schedule that ran, "symmetric" or "alternating" ("auto" resolved).
         acceleration: the acceleration that ran: "none", "overrelax" or "anderson".
-        route: the :class:`Route` of the solve (backend, path, strategy, precision,
+        route: the `Route` of the solve (backend, path, strategy, precision,
             schedule, acceleration: what every "auto" resolved to).
         solution: the :class:`Solution` (batched potentials, problem, backend) that
             gradients and transport operators read.
