@@ -161,14 +161,14 @@ def _half_step(res, device, reps: int = 10) -> dict:
 
 def _ms_info(res) -> dict:
     be = res.solution.backend
-    pat = be.pattern
+    pat = be.state.pattern
     lay = be.layout(res.solution.problem.X)
     lay_y = be.layout(res.solution.problem.Y)
     return {
         "pairs": None if pat is None else pat.pairs,
         "pair_fraction": None if pat is None else pat.pairs / (lay.tiles * lay_y.tiles),
-        "rebuilds": be.rebuilds,
-        "coarse_iters": getattr(be, "coarse_iters", None),
+        "rebuilds": be.state.rebuilds,
+        "coarse_iters": be.state.coarse_iters,
         "eps_coarse": getattr(be, "eps_coarse", None),
     }
 

@@ -66,13 +66,13 @@ def main(argv=None):
     lx, ly = be.layout(p.X), be.layout(p.Y)
     cx, cy = cells(lx, p.X.x, _budget(n)), cells(ly, p.Y.x, _budget(n))
     print(f"n = {n}: value {float(res.value):.5f}, {res.n_iters} fine iterations after "
-          f"{be.coarse_iters} coarse ones on {int(cx.count[0])} + {int(cy.count[0])} cells "
-          f"(eps_c = {be.eps_coarse:.3g}, eps = {eps:.3g}); {be.pattern.pairs} of "
+          f"{be.state.coarse_iters} coarse ones on {int(cx.count[0])} + {int(cy.count[0])} cells "
+          f"(eps_c = {be.state.eps_coarse:.3g}, eps = {eps:.3g}); {be.state.pattern.pairs} of "
           f"{lx.tiles * ly.tiles} tile pairs visited")  # fmt: skip
     # the coarse plan at eps_c, from a solve on the centroids alone
     CX, CY = coarse_side(p.X, cx), coarse_side(p.Y, cy)
     C = torch.cdist(CX.x[0], CY.x[0]) ** 2
-    coarse = fs.solve(C, CX.w[0], CY.w[0], eps=be.eps_coarse, tol=1e-3)
+    coarse = fs.solve(C, CX.w[0], CY.w[0], eps=be.state.eps_coarse, tol=1e-3)
     plan = coarse.plan().cpu()
 
     centre = p.centre[0].cpu()
@@ -94,16 +94,16 @@ def main(argv=None):
     top = plan > plan.max() * 0.05
     for i, j in top.nonzero().tolist():
         ax.plot([cxc[i, 0], cyc[j, 0]], [cxc[i, 1], cyc[j, 1]], c="k", lw=0.3, alpha=0.6)
-    ax.set_title(f"coarse plan at eps_c = {be.eps_coarse:.2g}")
+    ax.set_title(f"coarse plan at eps_c = {be.state.eps_coarse:.2g}")
     ax = axes[2]
     mask = torch.zeros(lx.tiles, ly.tiles)
-    mask[be.pattern.rows.cpu(), be.pattern.cols.cpu()] = 1
+    mask[be.state.pattern.rows.cpu(), be.state.pattern.cols.cpu()] = 1
     # tiles holding points (the padding tiles at the end are never visited)
     rx = lx.real[0].reshape(-1, TILE).any(1).cpu()
     ry = ly.real[0].reshape(-1, TILE).any(1).cpu()
     real_x, real_y = int(rx.sum()), int(ry.sum())
     ax.imshow(mask[rx][:, ry], cmap="Greys", interpolation="nearest", aspect="auto")
-    frac = be.pattern.pairs / (real_x * real_y)
+    frac = be.state.pattern.pairs / (real_x * real_y)
     ax.set_title(f"fine stage: visited tile pairs ({100 * frac:.1f}%)")
     ax.set_xlabel("y tile (Morton order)")
     ax.set_ylabel("x tile (Morton order)")

@@ -1,6 +1,10 @@
 """Capture of a function's launches into a CUDA graph (shared by the graphed CG blocks, the
-cached fixed-iteration solves and the cached launches of ``prepare``), and the cache that
-replays them."""
+cached fixed-iteration solves and the cached launches of ``prepare``), the cache that replays
+them, and the one runtime per device that holds every such cache.
+
+Every cache of captured launches lives in the :class:`DeviceRuntime` of its device, under a
+name ("solve", "blocks", "prepare"): a device's graphs (and the memory they hold) are found,
+counted and freed together, and keys of one device never meet another's."""
 
 from __future__ import annotations
 
@@ -109,6 +113,56 @@ class GraphCache:
         """Keys met once and not captured yet."""
         with self._lock:
             return len(self._seen)
+
+
+class DeviceRuntime:
+    """The caches of captured launches of one device, created on first use by name."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._lock = threading.Lock()
+        self._caches: dict[str, object] = {}
+
+    def cache(self, name: str, make: Callable[[], T]) -> T:
+        """The cache ``name`` of this device (``make()`` builds it the first time)."""
+        with self._lock:
+            got = self._caches.get(name)
+            if got is None:
+                got = self._caches[name] = make()
+            return got
+
+    def caches(self) -> dict[str, object]:
+        """The caches created so far, by name."""
+        with self._lock:
+            return dict(self._caches)
+
+    def clear(self) -> None:
+        """Drops every captured graph of this device (each cache's ``clear()``)."""
+        for c in self.caches().values():
+            c.clear()
+
+
+_RUNTIMES: dict[torch.device, DeviceRuntime] = {}
+_RUNTIMES_LOCK = threading.Lock()
+
+
+def runtime(device) -> DeviceRuntime:
+    """The :class:`DeviceRuntime` of ``device`` (a CUDA device without an index is the current
+    one)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    with _RUNTIMES_LOCK:
+        got = _RUNTIMES.get(device)
+        if got is None:
+            got = _RUNTIMES[device] = DeviceRuntime(device)
+        return got
+
+
+def runtimes() -> list[DeviceRuntime]:
+    """The runtimes of every device that has used one."""
+    with _RUNTIMES_LOCK:
+        return list(_RUNTIMES.values())
 
 
 def tensor_key(t) -> tuple | None:

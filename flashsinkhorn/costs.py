@@ -24,7 +24,11 @@ import torch
 
 from . import _validation as V
 
-COSTS = ("sqeuclidean", "euclidean", "cosine")
+#: Public cost name → the kernel cost of its transformed points (backends/kernel_costs.py
+#: holds each kernel cost's kind and formulas).
+KERNEL_COST_OF = {"sqeuclidean": "sqeuclidean", "euclidean": "euclidean", "cosine": "sqeuclidean"}
+
+COSTS = tuple(KERNEL_COST_OF)
 
 #: Keyword arguments of the cost and their defaults (the API of ``sinkhorn`` and the losses).
 COST_DEFAULTS = {
@@ -68,8 +72,17 @@ class CostSpec:
 
     @property
     def kernel_cost(self) -> str:
-        """The cost the backends compute on the transformed points."""
-        return "euclidean" if self.cost == "euclidean" else "sqeuclidean"
+        """The cost the backends compute on the transformed points.
+
+        Raises:
+            ValueError: a cost name without a kernel cost (never one ``check_cost`` passed).
+        """
+        try:
+            return KERNEL_COST_OF[self.cost]
+        except KeyError:
+            raise ValueError(
+                f"cost {self.cost!r} has no kernel cost; known: {', '.join(KERNEL_COST_OF)}"
+            ) from None
 
     @property
     def has_labels(self) -> bool:

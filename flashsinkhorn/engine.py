@@ -1,47 +1,95 @@
-"""From validated options to a result: build the problem, pick the backend, run the loop.
+"""From validated options to a result: the one place a solve is assembled.
 
-This is the one place where a solve is assembled. The public functions validate their
-arguments into a :class:`~flashsinkhorn.options.SinkhornOptions` and call
-:func:`solve_points`; the autograd functions, the Hessian operator and OTDD call it too, so
-none of them imports the public layer. :func:`solve_matrix` is the same assembly for a given
-cost matrix (:func:`flashsinkhorn.solve`).
+Every entry point (``sinkhorn``, ``solve``, ``ot_cost``, ``sinkhorn_divergence``,
+``SinkhornDivergence``, ``SamplesLoss``, the Hessian operator, OTDD, the sharded solve)
+goes through the same four steps here:
+
+1. :func:`bind`: the backend of the device and dtype (the registry), its strategy (plain or
+   multiscale), the precision, ``prepare`` (canonical problem), the path, then
+   :func:`admit`: "auto" options resolved for the problem, its eps ladder, and
+   ``limits.admit`` (range checks, plan floor, large-eps sides);
+2. :func:`run`: the loop, by the backend's strategy (``Capabilities.strategy``), replayed from
+   a CUDA graph for a fixed number of iterations on a graph-safe backend;
+3. the self terms of a divergence from ``problem.self_terms`` (the one place they are
+   stacked), each on the backend :func:`rebind` gives its problem;
+4. :func:`finish`: the :class:`~flashsinkhorn.result.SinkhornResult` with the
+   :class:`~flashsinkhorn.result.Route` that every "auto" resolved to.
+
+Nothing here reads a backend's name or path: only its ``capabilities``. The autograd
+functions receive finished solves (the solve runs outside them) and never solve themselves.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from . import _validation as V
 from . import limits
 from .backends import kernel_costs, resolve_backend, select_path
+from .backends.base import Backend
 from .backends.matrix import MatrixBackend, prepare_matrix
 from .backends.sides import prepare_sides
 from .multiscale import multiscale_applies, multiscale_backend, solve_multiscale
 from .options import SinkhornOptions
-from .problem import Problem, prepare, stack_sides, stackable
-from .result import SinkhornResult
+from .problem import Problem, prepare, self_terms
+from .result import Route, SinkhornResult, Solution
 from .solvers import SolveState, dual_value, eps_schedule, estimate_diameter, graphs, solve
 from .solvers.annealing import cost_range
 
+if TYPE_CHECKING:
+    from .autograd.samples_loss import GeomLossSpec
 
-def resolve_precision(precision: str, backend_name: str, dtype: torch.dtype) -> str:
-    """ "auto" is TF32 (on pre-rounded points) for fp32 Triton solves and exact fp32 otherwise."""
+
+def resolve_precision(precision: str, backend: Backend, dtype: torch.dtype) -> str:
+    """The precision of a solve: ``precision`` unless "auto", else the backend's default for
+    ``dtype`` (``Capabilities.default_precision``: TF32 on pre-rounded points for float32
+    solves on compiled kernels, exact products otherwise)."""
     V.check_choice("precision", precision, V.PRECISIONS)
     if precision != "auto":
         return precision
-    return "tf32" if backend_name == "triton" and dtype == torch.float32 else "ieee"
+    return backend.capabilities.default_precision(dtype)
 
 
-def _problem(x, y, a, b, opts: SinkhornOptions, sq_floor: float):
-    """The backend (its path chosen) and the canonical problem of transformed points."""
+@dataclass(frozen=True)
+class Bound:
+    """A problem ready to run: admitted, its backend bound to it, every "auto" resolved.
+
+    Attributes:
+        problem: the canonical problem, admitted by the range checks for its ladder.
+        backend: the backend bound to ``problem`` (its path and strategy chosen).
+        base: the backend of the device and dtype before any path or strategy (the self
+            terms of a divergence bind their own problems from it).
+        opts: the options with "auto" resolved for this problem.
+        eps_list: the eps ladder (its last value is the target eps).
+    """
+
+    problem: Problem
+    backend: Backend
+    base: Backend
+    opts: SinkhornOptions
+    eps_list: list[float]
+
+
+def bind(x, y, a, b, opts: SinkhornOptions, *, sq_floor: float = 0.0) -> Bound:
+    """Resolves the backend, prepares the problem of transformed points and admits it.
+
+    Args:
+        x: (n, d) or (B, n, d) transformed source points (``costs.transform_points``).
+        y: (m, d) or (B, m, d) transformed target points.
+        a: weights of x or None (checked here, with the points' values).
+        b: weights of y or None.
+        opts: validated options; ``opts.cost`` supplies the kernel cost and the labels.
+        sq_floor: floor of the squared distance under the euclidean cost's square root.
+    """
     spec = opts.cost
-    impl = resolve_backend(opts.backend, x.device, x.dtype)
+    base = resolve_backend(opts.backend, x.device, x.dtype)
     multiscale = multiscale_applies(x, y, opts)
     # the multiscale path forms distances from exact coordinates (no tensor-core rounding)
-    prec = "ieee" if multiscale else resolve_precision(opts.precision, impl.name, x.dtype)
+    prec = "ieee" if multiscale else resolve_precision(opts.precision, base, x.dtype)
     problem = prepare(
         x, y, a, b, rho_x=opts.rho_x, rho_y=opts.rho_y, precision=prec,
         check_finite=opts.check_finite, cost=spec.kernel_cost,
@@ -49,180 +97,157 @@ def _problem(x, y, a, b, opts: SinkhornOptions, sq_floor: float):
         sides=prepare_sides(x, y),
     )  # fmt: skip
     if multiscale:
-        return multiscale_backend(impl, problem, opts), problem
-    return select_path(impl, problem, opts.path), problem
-
-
-def _path_for(base, problem, opts: SinkhornOptions, like):
-    """The backend of another problem of the same solve (the self terms of a divergence):
-    multiscale when ``like`` (the first problem's backend) is, else ``select_path``."""
-    if like.path == "multiscale":
-        return multiscale_backend(base, problem, opts)
-    return select_path(base, problem, opts.path)
-
-
-def _solve(problem, impl, eps_list, opts: SinkhornOptions) -> SinkhornResult:
-    """Runs the loop on a prepared problem (options resolved) and wraps the result."""
-
-    def run():
-        if impl.path == "multiscale":
-            check_multiscale_eps(problem, eps_list[-1])
-            st = solve_multiscale(problem, impl, eps_list, opts, problem.diameter)
-        else:
-            with impl.threads():
-                st = solve(problem, impl, eps_list, opts)
-        value = dual_value(problem, st.f, st.g, st.eps, impl)
-        impl.release()
-        return st, value
-
-    # A fixed number of iterations never synchronises: on CUDA the solve and its value may
-    # be replayed from a cached graph (solvers/graphs.py).
-    key = None
-    if opts.tol is None:
-        key = graphs.solve_key(problem, impl, eps_list, opts.n_iters, opts.schedule)
-    if key is None:
-        state, value = run()
+        impl = multiscale_backend(base, problem, opts)
     else:
-        f, g, value = graphs.run(key, lambda: _tensors(*run()), problem.device)
-        n_done = len(eps_list) - 1 + opts.n_iters
-        state = SolveState(f, g, eps_list[-1], n_done, False, None)
-    return _result(problem, impl, state, value, opts)
+        impl = select_path(base, problem, opts.path)
+    problem, opts, eps_list = admit(
+        problem, opts, long_iterations=impl.capabilities.long_iterations
+    )
+    return Bound(problem, impl, base, opts, eps_list)
 
 
-def solve_points(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    a: torch.Tensor | None,
-    b: torch.Tensor | None,
-    opts: SinkhornOptions,
-    *,
-    sq_floor: float = 0.0,
-) -> SinkhornResult:
+def admit(problem: Problem, opts: SinkhornOptions, *, long_iterations: bool = False,
+          eps_list: list[float] | None = None, names=("rho_x", "rho_y")):  # fmt: skip
+    """``(problem, opts, eps_list)``: the options with "auto" resolved for ``problem``, its
+    eps ladder (:func:`schedule_for`; ``eps_list`` when given, with ``opts`` resolved
+    already), and the problem admitted by ``limits.admit`` for that ladder (range checks,
+    the plan floor of a solve with a tolerance, the large-eps sides; ``names`` are the
+    relaxation arguments its errors name).
+    """
+    if eps_list is None:
+        opts, eps_list = schedule_for(problem, opts, gpu=long_iterations)
+    return limits.admit(problem, eps_list, tol=opts.tol, names=names), opts, eps_list
+
+
+def rebind(bound: Bound, problem: Problem) -> Backend:
+    """The backend of another problem of the same solve (the self terms of a divergence):
+    the same strategy, and a path chosen for that problem (a dense-path backend holds the
+    Gram matrix of its own problem)."""
+    if bound.backend.capabilities.strategy == "multiscale":
+        return multiscale_backend(bound.base, problem, bound.opts)
+    return select_path(bound.base, problem, bound.opts.path)
+
+
+def run(problem: Problem, backend: Backend, eps_list: list[float], opts: SinkhornOptions, *,
+        value: bool = True, extrapolate: bool = False):  # fmt: skip
+    """``(state, value or None)``: the loop on a bound problem, by the backend's strategy.
+
+    A fixed number of iterations never synchronises: on CUDA, on a graph-safe backend, the
+    solve and its value are replayed from a cached graph (solvers/graphs.py).
+
+    Args:
+        value: also compute the dual value of the final potentials.
+        extrapolate: end with one plain update that keeps the previous potentials
+            (``SolveState.f_prev``; GeomLoss's last extrapolation).
+    """
+
+    def eager():
+        if backend.capabilities.strategy == "multiscale":
+            check_multiscale_eps(problem, eps_list[-1])
+            st = solve_multiscale(problem, backend, eps_list, opts, problem.diameter)
+        else:
+            with backend.threads():
+                st = solve(problem, backend, eps_list, opts, extrapolate=extrapolate)
+        val = dual_value(problem, st.f, st.g, st.eps, backend) if value else None
+        backend.release()  # a backend's per-solve storage (the CPU path's kernel)
+        return st, val
+
+    key = None
+    if opts.tol is None and value and not extrapolate:
+        key = graphs.solve_key(problem, backend, eps_list, opts.n_iters, opts.schedule)
+    if key is None:
+        return eager()
+    f, g, val = graphs.run(key, lambda: _tensors(*eager()), problem.device)
+    n_done = len(eps_list) - 1 + opts.n_iters
+    return SolveState(f, g, eps_list[-1], n_done, False, None), val
+
+
+def finish(problem: Problem, backend: Backend, state: SolveState, value: torch.Tensor,
+           opts: SinkhornOptions) -> SinkhornResult:  # fmt: skip
+    """The result of a solve, with the route every "auto" resolved to."""
+    own = problem.X is problem.Y
+    route = Route(
+        backend=backend.name,
+        path=backend.path,
+        strategy=backend.capabilities.strategy,
+        precision=problem.precision,
+        # a self problem runs the averaged one-potential iteration (solvers/loop.py)
+        schedule="symmetric" if own else opts.schedule,
+        acceleration="none" if own else opts.acceleration,
+    )
+    return SinkhornResult(
+        problem=problem, backend=backend, f=state.f, g=state.g, value=value, eps=state.eps,
+        n_iters=state.n_iters, converged=state.converged,
+        marginal_error=state.marginal_error, errors=state.errors, route=route,
+    )  # fmt: skip
+
+
+def _solve(problem: Problem, impl: Backend, eps_list, opts: SinkhornOptions) -> SinkhornResult:
+    """Runs and finishes one bound problem."""
+    return finish(problem, impl, *run(problem, impl, eps_list, opts), opts)
+
+
+def solve_points(x, y, a, b, opts: SinkhornOptions, *, sq_floor: float = 0.0) -> SinkhornResult:
     """Solves the problem of points already mapped by ``costs.transform_points``.
 
     Args:
-        x: (n, d) or (B, n, d) transformed source points.
-        y: (m, d) or (B, m, d) transformed target points.
-        a: weights of x or None (checked here, with the points' values).
-        b: weights of y or None.
-        opts: validated options; ``opts.cost`` supplies the kernel cost and the labels.
-        sq_floor: floor of the squared distance under the euclidean cost's square root.
+        x, y, a, b, opts, sq_floor: as in :func:`bind`.
     """
     with torch.no_grad():
-        impl, problem, opts, eps_list = _admitted(x, y, a, b, opts, sq_floor)
-        return _solve(problem, impl, eps_list, opts)
+        bd = bind(x, y, a, b, opts, sq_floor=sq_floor)
+        return _solve(bd.problem, bd.backend, bd.eps_list, bd.opts)
 
 
-def _admitted(x, y, a, b, opts: SinkhornOptions, sq_floor: float):
-    """The backend, the prepared problem (admitted by the range checks for its eps ladder),
-    the options with "auto" resolved, and the ladder."""
-    impl, problem = _problem(x, y, a, b, opts, sq_floor)
-    opts, eps_list = schedule_for(problem, opts, gpu=_streams(impl))
-    return impl, limits.admit(problem, eps_list, tol=opts.tol), opts, eps_list
-
-
-def solve_divergence(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    a: torch.Tensor | None,
-    b: torch.Tensor | None,
-    opts: SinkhornOptions,
-) -> tuple[SinkhornResult, SinkhornResult, SinkhornResult]:
+def solve_divergence(x, y, a, b, opts: SinkhornOptions):
     """The three solves of the Sinkhorn divergence: OT(x, y), OT(x, x), OT(y, y).
 
-    One ``prepare`` serves all three (the self terms use the sides of the joint problem, so
-    they share its centring, operand scale and eps ladder). The self terms are *self
-    problems* of the loop: one potential, one soft-min per iteration (half the work of a
-    two-potential solve). When both clouds have the same size and relaxation, OT(x, x) and
-    OT(y, y) run as one batch of 2B self problems: one launch per iteration for both.
+    One ``prepare`` serves all three: the self terms use the sides of the joint problem
+    (``problem.self_terms``), so they share its centring, operand scale and eps ladder. When
+    both clouds have the same size and relaxation, OT(x, x) and OT(y, y) run as one batch of
+    2B self problems: one launch per iteration for both.
 
     Args:
-        x, y, a, b: as in :func:`solve_points`.
+        x, y, a, b: as in :func:`bind`.
         opts: validated options. With labels the self terms use (label_x, label_x) and
-            (label_y, label_y) with the same label cost W; when W is not symmetric their
-            costs are not either, and they are solved as two-potential problems.
+            (label_y, label_y) with the same label cost W; when W is not symmetric they are
+            solved as two-potential problems.
 
     Returns:
         The results of OT(x, y), OT(x, x) and OT(y, y), each with its own problem
         (``problem.X is problem.Y`` for the self terms).
     """
     with torch.no_grad():
-        impl, problem, opts, eps_list = _admitted(x, y, a, b, opts, 0.0)
-        xy = _solve(problem, impl, eps_list, opts)
-        base = resolve_backend(opts.backend, x.device, x.dtype)
+        bd = bind(x, y, a, b, opts)
+        xy = _solve(bd.problem, bd.backend, bd.eps_list, bd.opts)
+        terms = self_terms(bd.problem)
 
-        def run(p):
-            # each problem gets its own path (a dense-path backend holds that problem's K)
-            return _solve(p, _path_for(base, p, opts, impl), eps_list, opts)
+        def term(p: Problem) -> SinkhornResult:
+            return _solve(p, rebind(bd, p), bd.eps_list, bd.opts)
 
-        X, Y = problem.X, problem.Y
-        if X.lcost is not None and not torch.equal(X.lcost, X.lcost.transpose(0, 1)):
-            # An asymmetric label cost makes the self terms' costs asymmetric: their plans are
-            # not symmetric and they keep two potentials (each side's lcost is oriented with
-            # its own labels first: X holds W, Y holds Wᵀ).
-            px = replace(problem, Y=replace(X, lcost=Y.lcost))
-            py = replace(problem, X=replace(Y, lcost=X.lcost))
-            return xy, run(px), run(py)
-        if Y.lcost is not None:
-            Y = replace(Y, lcost=X.lcost)  # W = Wᵀ: one object for both orientations
-        px = replace(problem, X=X, Y=X)
-        py = replace(problem, X=Y, Y=Y)
-        if not stackable([X, Y]):
-            return xy, run(px), run(py)
-        Z = stack_sides([X, Y])
-        centre = None if problem.centre is None else problem.centre.repeat(2, 1)
-        both = run(Problem(Z, Z, True, problem.precision, centre))
-    return xy, *(_part(both, k, p) for k, p in ((0, px), (1, py)))
+        if terms.both is None:
+            return xy, term(terms.xx), term(terms.yy)
+        p = terms.both
+        backend = rebind(bd, p)
+        st, value = run(p, backend, bd.eps_list, bd.opts)
+
+        def part(k: int) -> SinkhornResult:
+            # problem k of the two stacked self terms, as a result of its own problem
+            err = st.marginal_error
+            sk = SolveState(
+                terms.part(st.f, k), terms.part(st.g, k), st.eps, st.n_iters, st.converged,
+                None if err is None else terms.part(err, k), st.errors,
+            )  # fmt: skip
+            return finish(terms.xx if k == 0 else terms.yy, backend, sk, terms.part(value, k),
+                          bd.opts)  # fmt: skip
+
+        return xy, part(0), part(1)
 
 
-def _streams(impl) -> bool:
-    """The "auto" acceleration weighs an iteration's launches against its kernels by the
-    scores per half-step (``SinkhornOptions.resolve``): for a backend that streams them on a
-    GPU, and for the multiscale path on any device (its fine iterations are long; Anderson
-    mixing needed 63 fine iterations against 103 over-relaxed on 6,000-point 3-D clouds)."""
-    return impl.name == "triton" or impl.path == "multiscale"
-
-
-def check_multiscale_eps(problem: Problem, eps: float) -> None:
-    """Refuses the multiscale path at an eps where the soft-min needs the large-eps
-    expansion (limits.py): every tile pair would be visited there anyway."""
-    if eps >= problem.X.large_eps or eps >= problem.Y.large_eps:
-        raise ValueError(
-            f"path='multiscale' is for small eps (eps much below diameter²); eps={eps:.3g} is "
-            "at the scale of the cost itself, where every tile pair is visited: use "
-            "path='auto' or 'streaming'"
-        )
-
-
-def _part(res: SinkhornResult, k: int, problem: Problem) -> SinkhornResult:
-    """Problem ``k`` of the two stacked self terms, as a result of its own problem."""
-    B = problem.B
-    part = slice(k * B, (k + 1) * B)
-    sol = res.solution
-    err = res._error
-    return SinkhornResult(
-        problem=problem,
-        backend=sol.backend,
-        f=sol.f[part],
-        g=sol.g[part],
-        value=res.value[part],
-        eps=res.eps,
-        n_iters=res.n_iters,
-        converged=res.converged,
-        marginal_error=None if err is None else err[part],
-        errors=res.errors,
-        schedule=res.schedule,
-        acceleration=res.acceleration,
-    )
-
-
-def solve_matrix(
-    C: torch.Tensor,
-    a: torch.Tensor | None,
-    b: torch.Tensor | None,
-    opts: SinkhornOptions,
-) -> SinkhornResult:
+def solve_matrix(C: torch.Tensor, a, b, opts: SinkhornOptions) -> SinkhornResult:
     """Solves the problem of a given cost matrix (``backends/matrix.py``) with the same loop.
+
+    The result's ``value`` is differentiable w.r.t. C, a and b
+    (``autograd/matrix_cost.py``), computed from the finished solve.
 
     Args:
         C: (n, m) or (B, n, m) cost, checked here with its weights.
@@ -240,25 +265,93 @@ def solve_matrix(
         # squared distances of two clouds it is sinkhorn()'s ladder from their largest distance.
         diameter = None if scale is None else math.sqrt(scale)
         eps_list = eps_schedule(opts.eps, opts.scaling, diameter)
-        return _solve(problem, impl, eps_list, opts)
+        state, value = run(problem, impl, eps_list, opts)
+    # imported here: the autograd package imports hessian/, whose public half imports this
+    # module (the import points down, docs/architecture.md; only the order is circular)
+    from .autograd.matrix_cost import MatrixCostFunction
+
+    sol = Solution(problem, impl, state.f, state.g, state.eps)
+    value = MatrixCostFunction.apply(C, a, b, sol, value)
+    return finish(problem, impl, state, value, opts)
 
 
-def _result(problem, impl, state: SolveState, value, opts: SinkhornOptions) -> SinkhornResult:
-    return SinkhornResult(
-        problem=problem,
-        backend=impl,
-        f=state.f,
-        g=state.g,
-        value=value,
-        eps=state.eps,
-        n_iters=state.n_iters,
-        converged=state.converged,
-        marginal_error=state.marginal_error,
-        errors=state.errors,
-        # a self problem runs the averaged one-potential iteration (solvers/loop.py)
-        schedule="symmetric" if problem.X is problem.Y else opts.schedule,
-        acceleration="none" if problem.X is problem.Y else opts.acceleration,
-    )
+@dataclass(frozen=True)
+class GeomLossSolve:
+    """The potentials of GeomLoss's loop for the xy, xx and yy problems (our units).
+
+    ``f, g``: the extrapolated potentials of OT(x, y); ``f_old, g_old``: those before the
+    extrapolation; ``p, q`` (and ``p_old, q_old``) the same for the self terms (None without
+    debiasing).
+    """
+
+    problem: Problem
+    backend: Backend
+    eps: float
+    f: torch.Tensor
+    g: torch.Tensor
+    f_old: torch.Tensor
+    g_old: torch.Tensor
+    debias: bool
+    problem_xx: Problem | None = None
+    problem_yy: Problem | None = None
+    p: torch.Tensor | None = None
+    p_old: torch.Tensor | None = None
+    q: torch.Tensor | None = None
+    q_old: torch.Tensor | None = None
+
+
+def solve_geomloss(x, y, a, b, spec: GeomLossSpec) -> GeomLossSolve:
+    """GeomLoss's ``sinkhorn_loop`` on checked clouds (``autograd/samples_loss.py``).
+
+    Each problem runs the solver loop on GeomLoss's ladder ``[eps_0] + eps_list`` with one
+    iteration at the last eps: a plain update from zero at eps_0, one averaged update per
+    entry of eps_list, then the extrapolation (a plain update that keeps the previous
+    potentials). The self terms are those of ``problem.self_terms``.
+    """
+    from .autograd.samples_loss import geomloss_problem_args, geomloss_solve_ladder
+
+    base = resolve_backend(spec.backend, x.device, x.dtype)
+    prec = resolve_precision(spec.precision, base, x.dtype)
+    with torch.no_grad():
+        problem = prepare(
+            x, y, a, b, precision=prec, check_finite=spec.check_finite,
+            **geomloss_problem_args(spec),
+        )  # fmt: skip
+        eps_list = geomloss_solve_ladder(x, y, spec, problem.dtype)
+        opts = SinkhornOptions(eps=eps_list[-1], n_iters=1, tol=None, schedule="symmetric",
+                               acceleration="none", scaling=None)  # fmt: skip
+        problem, _, _ = admit(problem, opts, eps_list=eps_list, names=("reach", "reach"))
+        ladder = [eps_list[0], *eps_list]
+
+        def loop(p: Problem) -> SolveState:
+            return run(p, base, ladder, opts, value=False, extrapolate=True)[0]
+
+        st = loop(problem)
+        out = dict(problem=problem, backend=base, eps=st.eps, f=st.f, g=st.g, f_old=st.f_prev,
+                   g_old=st.g_prev, debias=spec.debias)  # fmt: skip
+        if spec.debias:
+            terms = self_terms(problem)
+            out.update(problem_xx=terms.xx, problem_yy=terms.yy)
+            if terms.both is not None:
+                sb = loop(terms.both)
+                sx = (terms.part(sb.f, 0), terms.part(sb.f_prev, 0))
+                sy = (terms.part(sb.f, 1), terms.part(sb.f_prev, 1))
+            else:
+                tx, ty = loop(terms.xx), loop(terms.yy)
+                sx, sy = (tx.f, tx.f_prev), (ty.f, ty.f_prev)
+            out.update(p=sx[0], p_old=sx[1], q=sy[0], q_old=sy[1])
+    return GeomLossSolve(**out)
+
+
+def check_multiscale_eps(problem: Problem, eps: float) -> None:
+    """Refuses the multiscale path at an eps where the soft-min needs the large-eps
+    expansion (limits.py): every tile pair would be visited there anyway."""
+    if eps >= problem.X.large_eps or eps >= problem.Y.large_eps:
+        raise ValueError(
+            f"path='multiscale' is for small eps (eps much below diameter²); eps={eps:.3g} is "
+            "at the scale of the cost itself, where every tile pair is visited: use "
+            "path='auto' or 'streaming'"
+        )
 
 
 def schedule_for(problem, opts: SinkhornOptions, *, diameter=None, gpu: bool = False):
@@ -268,8 +361,8 @@ def schedule_for(problem, opts: SinkhornOptions, *, diameter=None, gpu: bool = F
     label cost), p = 2 for the squared Euclidean cost and 1 for the euclidean one; the
     diameter is ``opts.diameter``, else ``diameter``, else the bounding box of both clouds
     (``problem.diameter``, the largest over a batch, read with prepare's value checks).
-    ``gpu``: the backend streams the scores on a GPU (the choice of acceleration weighs an
-    iteration's launches against its kernels).
+    ``gpu``: an iteration of the backend costs far more than its launches on large problems
+    (``Capabilities.long_iterations``; the choice of acceleration weighs them).
     """
     wants_range = opts.scaling == "auto" and opts.tol is not None
     wants_range = wants_range or isinstance(opts.scaling, float)

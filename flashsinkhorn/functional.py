@@ -9,7 +9,6 @@ import torch
 
 from . import _validation as V
 from ._boundary import entry_point
-from .autograd.matrix_cost import MatrixCostFunction
 from .costs import transform_points
 from .engine import solve_matrix, solve_points
 from .options import SinkhornOptions, public_options
@@ -224,6 +223,4 @@ def solve(
         (torch.Size([200, 300]), True)
     """
     opts = SinkhornOptions.build(**public_options(locals()))
-    res = solve_matrix(C, a, b, opts)
-    res.value = MatrixCostFunction.apply(C, a, b, res)
-    return res
+    return solve_matrix(C, a, b, opts)

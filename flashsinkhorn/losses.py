@@ -26,15 +26,11 @@ def _ot_cost_points(
     """OT_eps of already transformed points (differentiable, label_cost included); appends
     how the solve ended to ``reports``."""
     spec = opts.cost
-
-    def solve(x, y, a, b):
-        res = solve_points(x, y, a, b, opts)
-        if reports is not None:
-            reports.append(report(label, res))
-        return res
-
+    res = solve_points(x, y, a, b, opts)
+    if reports is not None:
+        reports.append(report(label, res))
     return OTCostFunction.apply(
-        x, y, a, b, solve, opts.hvp, spec.label_cost, spec.label_weight, spec.is_default
+        x, y, a, b, res, opts.hvp, spec.label_cost, spec.label_weight, spec.is_default
     )
 
 

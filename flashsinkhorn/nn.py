@@ -11,6 +11,7 @@ from . import _validation as V
 from ._boundary import entry_point
 from .autograd.samples_loss import GeomLossSpec, SamplesLossFunction, geomloss_potentials
 from .costs import COST_DEFAULTS
+from .engine import solve_geomloss
 from .losses import divergence
 from .options import SOLVER_DEFAULTS, HVPOptions, SinkhornOptions
 
@@ -211,9 +212,10 @@ class SamplesLoss(torch.nn.Module):
         V.check_pair(x, y)
         a = V.check_weights("a", a, x)
         b = V.check_weights("b", b, y)
+        loop = solve_geomloss(x, y, a, b, self.spec)
         if self.potentials:
-            return geomloss_potentials(x, y, a, b, self.spec)
-        return SamplesLossFunction.apply(x, y, a, b, self.spec)
+            return geomloss_potentials(loop, x, y, self.spec)
+        return SamplesLossFunction.apply(x, y, a, b, self.spec, loop)
 
     def extra_repr(self) -> str:
         s = self.spec

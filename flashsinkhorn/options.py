@@ -182,7 +182,7 @@ class SinkhornOptions:
         path = V.check_choice("path", s["path"], V.PATHS)
         precision = V.check_choice("precision", s["precision"], V.PRECISIONS)
         if path == "multiscale" and x is not None:
-            from .multiscale.select import check_options
+            from .multiscale.inputs import check_options
 
             check_options(x, spec.is_default, precision)
         return cls(

@@ -242,6 +242,53 @@ class Problem:
         return t if self.batched else t[0]
 
 
+@dataclass(frozen=True)
+class SelfTerms:
+    """The self problems OT(x, x) and OT(y, y) of a joint problem (a debiased divergence).
+
+    Each uses a side of the joint problem on both ends, so it shares its centring, operand
+    scale and large-eps threshold: a *self problem* of the loop (``X is Y``: one potential,
+    one soft-min per iteration). With an asymmetric label cost W the self costs are not
+    symmetric, and the two are two-potential problems instead.
+
+    Attributes:
+        xx: the problem of OT(x, x).
+        yy: the problem of OT(y, y).
+        both: xx and yy stacked into one batch of 2B self problems (one launch per
+            iteration for both) when their sides stack, else None.
+    """
+
+    xx: Problem
+    yy: Problem
+    both: Problem | None
+
+    def part(self, t: torch.Tensor, k: int) -> torch.Tensor:
+        """Rows of problem ``k`` (0: xx, 1: yy) of a (2B, ...) tensor of ``both``."""
+        B = self.xx.B
+        return t[k * B : (k + 1) * B]
+
+
+def self_terms(problem: Problem) -> SelfTerms:
+    """The self terms of ``problem`` (:class:`SelfTerms`): the one place they are built."""
+    X, Y = problem.X, problem.Y
+    if X.lcost is not None and not torch.equal(X.lcost, X.lcost.transpose(0, 1)):
+        # An asymmetric label cost makes the self terms' costs asymmetric: their plans are
+        # not symmetric and they keep two potentials (each side's lcost is oriented with its
+        # own labels first: X holds W, Y holds Wᵀ).
+        px = replace(problem, Y=replace(X, lcost=Y.lcost))
+        py = replace(problem, X=replace(Y, lcost=X.lcost))
+        return SelfTerms(px, py, None)
+    if Y.lcost is not None:
+        Y = replace(Y, lcost=X.lcost)  # W = Wᵀ: one object for both orientations
+    px = replace(problem, X=X, Y=X)
+    py = replace(problem, X=Y, Y=Y)
+    if not stackable([X, Y]):
+        return SelfTerms(px, py, None)
+    Z = stack_sides([X, Y])
+    centre = None if problem.centre is None else problem.centre.repeat(2, 1)
+    return SelfTerms(px, py, Problem(Z, Z, True, problem.precision, centre))
+
+
 def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
     """Rounds float32 values to the nearest TF32 value (10 explicit mantissa bits)."""
     if x.dtype != torch.float32:

@@ -39,6 +39,29 @@ class Solution:
     eps: float
 
 
+@dataclass(frozen=True)
+class Route:
+    """What every "auto" of a solve resolved to, decided once by the engine.
+
+    Attributes:
+        backend: the backend's label ("torch" or "triton").
+        path: how the soft-mins read the cost: "streaming", "dense", "matrix" or
+            "multiscale".
+        strategy: "plain" (the loop on the points) or "multiscale" (coarse solve, lift,
+            block-sparse fine loop).
+        precision: the dot-product precision, "ieee", "tf32" or "tf32x3".
+        schedule: "symmetric" or "alternating".
+        acceleration: "none", "overrelax" or "anderson".
+    """
+
+    backend: str
+    path: str
+    strategy: str
+    precision: str
+    schedule: str
+    acceleration: str
+
+
 class SinkhornResult:
     """Potentials of an entropic OT solve and what derives from them.
 
@@ -59,6 +82,8 @@ class SinkhornResult:
         precision: dot-product precision used ("ieee", "tf32", "tf32x3").
         schedule: the schedule that ran, "symmetric" or "alternating" ("auto" resolved).
         acceleration: the acceleration that ran: "none", "overrelax" or "anderson".
+        route: the `Route` of the solve (backend, path, strategy, precision,
+            schedule, acceleration: what every "auto" resolved to).
         solution: the :class:`Solution` (batched potentials, problem, backend) that
             gradients and transport operators read.
 
@@ -81,8 +106,7 @@ class SinkhornResult:
         converged: bool,
         marginal_error: torch.Tensor | None,
         errors: list[tuple[int, float]],
-        schedule: str,
-        acceleration: str = "none",
+        route: Route,
     ):
         self.solution = Solution(problem, backend, f, g, eps)
         self._error = marginal_error
@@ -93,11 +117,12 @@ class SinkhornResult:
         self.n_iters = n_iters
         self.converged = converged
         self.errors = errors
-        self.backend = backend.name
-        self.path = backend.path
-        self.precision = problem.precision
-        self.schedule = schedule
-        self.acceleration = acceleration
+        self.route = route
+        self.backend = route.backend
+        self.path = route.path
+        self.precision = route.precision
+        self.schedule = route.schedule
+        self.acceleration = route.acceleration
 
     @property
     @entry_point

@@ -6,6 +6,12 @@ the default is the faster one measured on Hopper GPUs; the other is kept because
 solve. Read the fields as ``TUNING.<name>``; change them for a block with :func:`override`,
 which restores the previous values on exit, also on error.
 
+The switches in force live in a context variable, not in a process global: an override holds
+in the thread (or asyncio task) that set it and in the backward passes that thread runs,
+also on an autograd worker thread (PyTorch hands the context that called ``backward`` to its
+device threads); another thread keeps its own switches (the defaults unless it overrides
+them).
+
 >>> from flashsinkhorn import tuning
 >>> with tuning.override(solve_graphs=False):
 ...     pass  # fixed-iteration solves launch from Python here
@@ -14,9 +20,13 @@ which restores the previous values on exit, also on error.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
+import operator
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import torch
 
 
 @dataclass
@@ -76,10 +86,78 @@ class Tuning:
     mhc_gen_hs_max: int = 64
 
 
-#: The switches in force.
-TUNING = Tuning()
-
 _FIELDS = frozenset(f.name for f in dataclasses.fields(Tuning))
+
+_DEFAULTS = Tuning()
+#: The switches of this context (unset: the defaults).
+_SWITCHES: contextvars.ContextVar[Tuning] = contextvars.ContextVar("flashsinkhorn_tuning")
+#: Whether any context ever set switches: until then a read needs no look-up of a backward's
+#: launching context (one flag that only ever turns on; the values stay per context).
+_SET_SOMEWHERE = False
+
+
+def _launching_context() -> contextvars.Context | None:
+    """The context of the thread that called ``backward``, which PyTorch keeps in the thread
+    state of its autograd worker threads (torch 2.13 does), or None."""
+    c = torch._C
+    try:
+        if c._is_key_in_tls("context"):
+            return c._get_obj_in_tls("context")
+    except (AttributeError, RuntimeError):  # a torch without it
+        pass
+    return None
+
+
+def current() -> Tuning:
+    """The switches in force here: this context's, else (on an autograd worker thread) those
+    of the context that called ``backward``, else the defaults. Treat it as read-only."""
+    got = _SWITCHES.get(None)
+    if got is not None or not _SET_SOMEWHERE:
+        return _DEFAULTS if got is None else got
+    launch = _launching_context()
+    got = None if launch is None else launch.get(_SWITCHES)
+    return _DEFAULTS if got is None else got
+
+
+def _set(switches: Tuning) -> contextvars.Token:
+    global _SET_SOMEWHERE
+    _SET_SOMEWHERE = True
+    return _SWITCHES.set(switches)
+
+
+class _InForce:
+    """``TUNING``: attribute reads give the switches in force in the calling context
+    (:func:`current`); an attribute write sets one for the rest of this context (what
+    ``monkeypatch.setattr`` does; :func:`override` scopes a change to a block)."""
+
+    __slots__ = ()
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name not in _FIELDS:
+            raise AttributeError(f"unknown tuning switch {name!r}; known: {sorted(_FIELDS)}")
+        _set(replace(current(), **{name: _checked(name, value)}))
+
+    def __repr__(self) -> str:
+        return repr(current())
+
+
+def _reader(name: str) -> property:
+    # a property per switch: a read costs one context-variable look-up, where a __getattr__
+    # fallback first raised and caught an AttributeError (about 10x slower)
+    def read(self, _get=_SWITCHES.get, _field=operator.attrgetter(name)):
+        got = _get(None)
+        if got is None:
+            got = current() if _SET_SOMEWHERE else _DEFAULTS
+        return _field(got)
+
+    return property(read)
+
+
+for _name in _FIELDS:
+    setattr(_InForce, _name, _reader(_name))
+
+#: The switches in force (read ``TUNING.<name>``).
+TUNING = _InForce()
 
 
 def _checked(name: str, value: object) -> object:
@@ -97,8 +175,9 @@ def _checked(name: str, value: object) -> object:
 
 
 @contextlib.contextmanager
-def override(**changes) -> Iterator[Tuning]:
-    """Sets some switches for the duration of a ``with`` block, then restores them.
+def override(**changes) -> Iterator[_InForce]:
+    """Sets some switches for the duration of a ``with`` block in this context (thread or
+    task, and the backward passes it runs), then restores them.
 
     Raises:
         ValueError: for a name that is not a field of :class:`Tuning`, or a value out of range.
@@ -108,11 +187,8 @@ def override(**changes) -> Iterator[Tuning]:
     if unknown:
         raise ValueError(f"unknown tuning switch(es) {unknown}; known: {sorted(_FIELDS)}")
     changes = {k: _checked(k, v) for k, v in changes.items()}
-    saved = {k: getattr(TUNING, k) for k in changes}
-    for k, v in changes.items():
-        setattr(TUNING, k, v)
+    token = _set(replace(current(), **changes))
     try:
         yield TUNING
     finally:
-        for k, v in saved.items():
-            setattr(TUNING, k, v)
+        _SWITCHES.reset(token)

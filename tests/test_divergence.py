@@ -70,13 +70,13 @@ def test_self_terms_are_one_stacked_self_solve(monkeypatch):
     # Same-size clouds: OT(x, x) and OT(y, y) run as one batch of self problems (2 solves in
     # all, not 3), and the four point transports of the gradient as one launch.
     solves, grads = [], []
-    real_solve = engine._solve
+    real_run = engine.run
 
-    def counting_solve(problem, *args):
+    def counting_run(problem, *args, **kw):
         solves.append((problem.X is problem.Y, problem.B))
-        return real_solve(problem, *args)
+        return real_run(problem, *args, **kw)
 
-    monkeypatch.setattr(engine, "_solve", counting_solve)
+    monkeypatch.setattr(engine, "run", counting_run)
     x, y, a, b = _inputs(2, 19, 19)
     res = engine.solve_divergence(x.detach(), y.detach(), None, None, _opts(x, y))
     backend = type(res[0].solution.backend)
@@ -95,13 +95,13 @@ def test_self_terms_are_one_stacked_self_solve(monkeypatch):
 
 def test_different_sizes_keep_separate_self_solves(monkeypatch):
     solves = []
-    real_solve = engine._solve
+    real_run = engine.run
 
-    def counting_solve(problem, *args):
+    def counting_run(problem, *args, **kw):
         solves.append((problem.X is problem.Y, problem.B))
-        return real_solve(problem, *args)
+        return real_run(problem, *args, **kw)
 
-    monkeypatch.setattr(engine, "_solve", counting_solve)
+    monkeypatch.setattr(engine, "run", counting_run)
     x, y, a, b = _inputs(None, 19, 12)
     fs.sinkhorn_divergence(x, y, eps=0.05, backend="torch")
     assert solves == [(False, 1), (True, 1), (True, 1)]

@@ -87,7 +87,7 @@ def test_reported_error_bounds_dense_error(tol, schedule, acceleration, monkeypa
     assert budgets and set(budgets) == {ms_backend.BUILD_FRACTION * be.budget}
     assert ms_backend.BUILD_FRACTION < 1
     assert res.converged
-    pat = res.solution.backend.pattern
+    pat = res.solution.backend.state.pattern
     lay = res.solution.backend.layout(res.solution.problem.X)
     assert pat.pairs < lay.tiles**2  # tile pairs were skipped
     assert float(res.marginal_error) >= float(_dense_error(res)[0]) - ROUNDING
@@ -111,7 +111,9 @@ def test_rebuild_when_the_error_drops(monkeypatch):
         assert float(res.marginal_error) >= float(_dense_error(res)[0]) - ROUNDING
         runs[drop] = res
     # from ~1e-2 to 1e-6 the error drops 4x several times
-    assert runs[4.0].solution.backend.rebuilds >= runs[None].solution.backend.rebuilds + 3
+    assert (
+        runs[4.0].solution.backend.state.rebuilds >= runs[None].solution.backend.state.rebuilds + 3
+    )
     torch.testing.assert_close(runs[4.0].value, runs[None].value, rtol=1e-6, atol=0)
 
 
@@ -234,7 +236,7 @@ def test_double_backward_refused():
     (gx,) = torch.autograd.grad(v, xs, create_graph=True)
     with pytest.raises(ValueError, match="multiscale"):
         gx.sum().backward()
-    from flashsinkhorn.hessian import HessianOperator
+    from flashsinkhorn import HessianOperator
 
     with pytest.raises(ValueError, match="multiscale"):
         HessianOperator(x, y, eps=3e-3, path="multiscale")
@@ -338,17 +340,17 @@ def test_gradient_reuses_the_solve_pattern(monkeypatch):
     res = fs.sinkhorn(x, y, eps=2e-3, tol=1e-7, n_iters=5000, backend="torch", path="multiscale")
     sol = res.solution
     be, p = sol.backend, sol.problem
-    built = be.rebuilds
-    assert 0 < be.pattern.pairs < be.layout(p.X).tiles * be.layout(p.Y).tiles
+    built = be.state.rebuilds
+    assert 0 < be.state.pattern.pairs < be.layout(p.X).tiles * be.layout(p.Y).tiles
     for rows, cols, f, g in ((p.X, p.Y, sol.f, sol.g), (p.Y, p.X, sol.g, sol.f)):
         G, marg = be.transport_grad(rows, cols, f, g, sol.eps, p.precision)
-        assert be.rebuilds == built
+        assert be.state.rebuilds == built
         # a budget no pattern's bound can meet: a fresh pattern keeping every pair
         monkeypatch.setattr(be, "budget", -1.0)
         G_all, marg_all = be.transport_grad(rows, cols, f, g, sol.eps, p.precision)
         monkeypatch.undo()
-        assert be.rebuilds == built + 1
-        built = be.rebuilds
+        assert be.state.rebuilds == built + 1
+        built = be.state.rebuilds
         scale = float(G_all.abs().max())
         torch.testing.assert_close(G, G_all, rtol=0, atol=1e-6 * scale)
         torch.testing.assert_close(marg, marg_all, rtol=0, atol=1e-7)

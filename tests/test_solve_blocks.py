@@ -51,9 +51,9 @@ def graphed_cpu(monkeypatch):
         return ("cpu", problem.B, problem.X.n, problem.Y.n, problem.X is problem.Y)
 
     monkeypatch.setattr(graphs, "_problem_key", key)
-    blocks.CACHE.clear()
+    blocks.clear()
     yield
-    blocks.CACHE.clear()
+    blocks.clear()
 
 
 def _counted_run(run, eager):

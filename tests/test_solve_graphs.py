@@ -46,7 +46,7 @@ def test_no_key_on_cpu_or_for_a_stateful_backend():
     p = _problem("cpu")
     assert graphs.solve_key(p, TritonBackend(), [0.1], 5, "symmetric") is None
     assert graphs.solve_key(p, TorchBackend(), [0.1], 5, "symmetric") is None
-    assert not TorchBackend.graph_safe
+    assert not TorchBackend.capabilities.graph_safe
 
 
 @pytest.mark.gpu
@@ -164,4 +164,66 @@ def test_cpu_solves_never_touch_the_cache():
     for _ in range(3):
         fs.sinkhorn(torch.rand(20, 3), torch.rand(17, 3), eps=0.1, n_iters=3, tol=None)
     assert graphs.stats() == {"captured": 0, "failed": 0, "replayed": 0}
-    assert graphs._CACHE.seen() == 0
+    assert graphs.seen() == 0
+
+
+def _labelled(V: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.rand(2, 17, 3, generator=g), torch.rand(2, 13, 3, generator=g)
+    lx, ly = torch.randint(0, V, (17,), generator=g), torch.randint(0, V, (13,), generator=g)
+    W = torch.rand(V, V, generator=g)
+    return prepare(x, y, None, None, rho_x=None, rho_y=None, precision="ieee",
+                   labels=(lx, ly, W))  # fmt: skip
+
+
+def test_key_holds_the_staged_label_table_the_launches_read():
+    from flashsinkhorn import tuning
+    from flashsinkhorn.backends.triton import operands
+    from flashsinkhorn.backends.triton.configs import ONCHIP_MAX_V
+
+    p = _labelled(5)
+    be = TritonBackend()
+    staged = be.launch_tensors(p)
+    # the kernels read the float16 parts of W from operands.py's cache, not W itself
+    assert len(staged) == 2 and all(t.dtype == torch.float16 for t in staged)
+    key = graphs.launch_key(p, be)
+    assert graphs.tensor_key(staged[0]) in key[-1]
+    assert graphs.launch_key(p, be) == key  # the same table: the same staged parts
+    # another table at W's place (same shape) is staged anew: another key, no stale replay
+    W2 = p.X.lcost.clone()
+    moved = dataclasses.replace(p, X=dataclasses.replace(p.X, lcost=W2))
+    assert graphs.launch_key(moved, be)[-1] != key[-1]
+    # W changed in place: its version moves, the parts are staged again
+    before = operands.staged_table(p.X.lcost)[0]
+    p.X.lcost.mul_(2.0)
+    assert operands.staged_table(p.X.lcost)[0] is not before
+    assert graphs.launch_key(p, be)[-1] != key[-1]
+    # tables read from global memory are problem fields already: nothing extra
+    with tuning.override(global_labels=True):
+        assert be.launch_tensors(p) == ()
+    big = _labelled(ONCHIP_MAX_V + 1)
+    assert be.launch_tensors(big) == ()
+    # a backend that reads nothing but the problem
+    assert TorchBackend().launch_tensors(p) == ()
+    assert graphs.launch_key(p, TorchBackend())[-1] == ()
+
+
+def test_one_runtime_per_device_holds_every_graph_cache():
+    from flashsinkhorn import _cuda_graph
+    from flashsinkhorn.backends.triton import prepare as tp
+    from flashsinkhorn.solvers import blocks
+
+    cpu = _cuda_graph.runtime("cpu")
+    assert _cuda_graph.runtime(torch.device("cpu")) is cpu
+    assert _cuda_graph.runtime("meta") is not cpu
+    solve_cache = graphs._cache("cpu")
+    assert blocks.cache("cpu") is cpu.caches()["blocks"]
+    assert tp._graphs("cpu") is cpu.caches()["prepare"]
+    assert cpu.caches()["solve"] is solve_cache and graphs._cache("cpu") is solve_cache
+    assert graphs._cache("meta") is not solve_cache
+    # a key met once is remembered by its device's cache, and the runtime frees them all
+    solve_cache.run(("k",), lambda: (torch.zeros(1),), torch.device("cpu"))
+    blocks.cache("cpu").see(("b",))
+    assert graphs.seen() >= 1 and blocks.cache("cpu").known(("b",))
+    cpu.clear()
+    assert solve_cache.seen() == 0 and not blocks.cache("cpu").known(("b",))

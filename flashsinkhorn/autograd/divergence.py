@@ -40,9 +40,10 @@ class DivergenceFunction(torch.autograd.Function):
         ctx.terms = terms
         ctx.hvp_options = hvp_options
         ctx.label_weight = label_weight
-        ctx.multiscale = xy.solution.backend.path == "multiscale"
+        caps = xy.solution.backend.capabilities
+        ctx.backend_second_order = caps.second_order
         ctx.second_order = (
-            bool(second_order) and xy.solution.problem.default_cost and not ctx.multiscale
+            bool(second_order) and xy.solution.problem.default_cost and caps.second_order
         )
         ctx.save_for_backward(x, y, a, b, label_cost)
         return xy.value - 0.5 * (xx.value + yy.value)
@@ -66,11 +67,12 @@ class DivergenceFunction(torch.autograd.Function):
                     for s, r in ((1.0, xy), (-0.5, xx), (-0.5, yy))
                 ).to(label_cost.dtype)
             ga = gb = None
+            sol = xy.solution
             if need[2] and a is not None:
-                ga = _reduce_like((_weight_grad(xy, "X") - _self_weight_grad(xx)) * go[:, None],
+                ga = _reduce_like((_weight_grad(sol, "X") - _self_weight_grad(xx)) * go[:, None],
                                   a, problem.batched)  # fmt: skip
             if need[3] and b is not None:
-                gb = _reduce_like((_weight_grad(xy, "Y") - _self_weight_grad(yy)) * go[:, None],
+                gb = _reduce_like((_weight_grad(sol, "Y") - _self_weight_grad(yy)) * go[:, None],
                                   b, problem.batched)  # fmt: skip
             gx = gy = None
             if not second and (need[0] or need[1]):
@@ -83,7 +85,7 @@ class DivergenceFunction(torch.autograd.Function):
         elif not ctx.second_order:
             from ..costs import SECOND_ORDER_MULTISCALE_MESSAGE, refuse_second_order
 
-            msg = SECOND_ORDER_MULTISCALE_MESSAGE if ctx.multiscale else None
+            msg = None if ctx.backend_second_order else SECOND_ORDER_MULTISCALE_MESSAGE
             gx, gy, ga, gb, gW = refuse_second_order(
                 (gx, gy, ga, gb, gW), (x, y, a, b, label_cost), problem.cost, msg
             )
@@ -135,8 +137,8 @@ def _self_parts(res, which: int) -> list[tuple]:
 def _self_weight_grad(res) -> torch.Tensor:
     """∂/∂w of OT(w, w) over 2 (both sides of the self term)."""
     if res.solution.problem.X is res.solution.problem.Y:
-        return _weight_grad(res, "X")
-    return 0.5 * (_weight_grad(res, "X") + _weight_grad(res, "Y"))
+        return _weight_grad(res.solution, "X")
+    return 0.5 * (_weight_grad(res.solution, "X") + _weight_grad(res.solution, "Y"))
 
 
 def _groups(parts: list) -> list[list]:

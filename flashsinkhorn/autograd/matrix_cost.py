@@ -24,37 +24,37 @@ from .ot_cost import _reduce_like, _weight_grad
 
 
 class MatrixCostFunction(torch.autograd.Function):
-    """``apply(C, a, b, res)``: ``res.value`` (() or (B,)), differentiable w.r.t. C, a and b.
+    """``apply(C, a, b, sol, value)``: ``value`` ((B,)), differentiable w.r.t. C, a and b.
 
-    ``res`` is the :class:`~flashsinkhorn.SinkhornResult` of the cost-matrix solve of
-    (C, a, b); the forward only copies its value.
+    ``sol`` is the :class:`~flashsinkhorn.result.Solution` of the finished cost-matrix solve
+    of (C, a, b) and ``value`` its dual value (run outside this function); the forward only
+    copies the value.
     """
 
     @staticmethod
-    def forward(ctx, C, a, b, res):
-        ctx.res = res
+    def forward(ctx, C, a, b, sol, value):
+        ctx.sol = sol
         ctx.save_for_backward(C, a, b)
-        return res.value.clone()
+        return value.clone()
 
     @staticmethod
     @backward_autocast_off
     def backward(ctx, grad_out):
         C, a, b = ctx.saved_tensors
-        res = ctx.res
-        sol = res.solution
+        sol = ctx.sol
         problem = sol.problem
         need = ctx.needs_input_grad
         gC = ga = gb = None
         with torch.no_grad():
             go = grad_out.reshape(-1).to(problem.dtype)
             if need[0]:
-                P = dense_plan(problem, sol.f, sol.g, res.eps)
+                P = dense_plan(problem, sol.f, sol.g, sol.eps)
                 gC = problem.unbatch(P.mul_(go[:, None, None])).to(C.dtype)
             if need[1] and a is not None:
-                ga = _reduce_like(_weight_grad(res, "X") * go[:, None], a, problem.batched)
+                ga = _reduce_like(_weight_grad(sol, "X") * go[:, None], a, problem.batched)
             if need[2] and b is not None:
-                gb = _reduce_like(_weight_grad(res, "Y") * go[:, None], b, problem.batched)
+                gb = _reduce_like(_weight_grad(sol, "Y") * go[:, None], b, problem.batched)
         # The plan's own dependence on (C, a, b) is not in these gradients: refuse to
         # differentiate them again rather than return a wrong second derivative.
         gC, ga, gb = guard_second_order((gC, ga, gb), (C, a, b))
-        return gC, ga, gb, None
+        return gC, ga, gb, None, None

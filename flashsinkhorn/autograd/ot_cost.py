@@ -23,24 +23,22 @@ import torch
 
 from .. import limits
 from .._boundary import backward_autocast_off
-from ..result import SinkhornResult
+from ..result import SinkhornResult, Solution
 from .double_backward import EnvelopeGrad, hvp_settings
 from .guard import guard_second_order
 
 
-def _weight_grad(res: SinkhornResult, side: str) -> torch.Tensor:
+def _weight_grad(sol: Solution, side: str) -> torch.Tensor:
     """(B, n) gradient of the dual value w.r.t. the weights of one side (x: "X", y: "Y")."""
-    problem = res.solution.problem
+    problem = sol.problem
     R, Cs = (problem.X, problem.Y) if side == "X" else (problem.Y, problem.X)
-    pot, other = (
-        (res.solution.f, res.solution.g) if side == "X" else (res.solution.g, res.solution.f)
-    )
+    pot, other = (sol.f, sol.g) if side == "X" else (sol.g, sol.f)
     if problem.X.rho is None and problem.Y.rho is None:
         return pot
-    eps = res.eps
+    eps = sol.eps
     # â_i / a_i = exp((pot_i − T_i) / eps), with T the soft-min of this side (one pass); it
     # stays finite where a_i = 0.
-    _, raw = res.solution.backend.softmin(R, Cs, other, eps, pot, 0.0, 1.0, True, problem.precision)
+    _, raw = sol.backend.softmin(R, Cs, other, eps, pot, 0.0, 1.0, True, problem.precision)
     return relaxed_weight_grad(R, pot, raw, eps, Cs.mass[:, None])
 
 
@@ -61,28 +59,28 @@ def _reduce_like(grad: torch.Tensor, like: torch.Tensor, batched: bool) -> torch
 
 
 class OTCostFunction(torch.autograd.Function):
-    """``apply(x, y, a, b, solve, hvp_options=None)``: OT_eps, () or (B,), envelope gradients.
+    """``apply(x, y, a, b, res, hvp_options=None, ...)``: OT_eps, () or (B,), envelope gradients.
 
-    ``solve`` is a callable ``(x, y, a, b) -> SinkhornResult`` (typically
-    :func:`flashsinkhorn.sinkhorn` with fixed options). With ``create_graph=True`` the x and y
-    gradients of a balanced problem are themselves differentiable: their backward is the
-    streaming HVP (``double_backward.py``; ``hvp_options`` sets its Schur solve).
+    ``res`` is the finished :class:`SinkhornResult` of (x, y, a, b) (``engine.solve_points``,
+    run outside this function). With ``create_graph=True`` the x and y gradients of a
+    balanced problem are themselves differentiable: their backward is the streaming HVP
+    (``double_backward.py``; ``hvp_options`` sets its Schur solve).
     """
 
     @staticmethod
     def forward(
-        ctx, x, y, a, b, solve, hvp_options=None, label_cost=None, label_weight=1.0,
+        ctx, x, y, a, b, res, hvp_options=None, label_cost=None, label_weight=1.0,
         second_order=True,
     ):  # fmt: skip
-        res = solve(x, y, a, b)
         ctx.res = res
         ctx.hvp_options = hvp_options
         ctx.label_weight = label_weight
-        # Other costs (costs.py) have no second derivatives, and the multiscale path no HVP:
-        # refuse them with a ValueError.
-        ctx.multiscale = res.solution.backend.path == "multiscale"
+        # Other costs (costs.py) have no second derivatives, and a backend without second
+        # order (the multiscale path) no HVP: refuse them with a ValueError.
+        caps = res.solution.backend.capabilities
+        ctx.backend_second_order = caps.second_order
         ctx.second_order = (
-            bool(second_order) and res.solution.problem.default_cost and not ctx.multiscale
+            bool(second_order) and res.solution.problem.default_cost and caps.second_order
         )
         ctx.save_for_backward(x, y, a, b, label_cost)
         return res.value.clone()
@@ -101,7 +99,7 @@ class OTCostFunction(torch.autograd.Function):
 
             res = ctx.res
             grads = _first_order(ctx, x, y, a, b, grad_out, ctx.needs_input_grad)
-            msg = SECOND_ORDER_MULTISCALE_MESSAGE if ctx.multiscale else None
+            msg = None if ctx.backend_second_order else SECOND_ORDER_MULTISCALE_MESSAGE
             grads = refuse_second_order(
                 (*grads, gW), (x, y, a, b, label_cost), res.solution.problem.cost, msg
             )
@@ -129,9 +127,9 @@ def _first_order(ctx, x, y, a, b, grad_out, need):
             )
             gy = problem.unbatch(G.mul_(go[:, None, None])).to(y.dtype)
         if need[2] and a is not None:
-            ga = _reduce_like(_weight_grad(res, "X") * go[:, None], a, problem.batched)
+            ga = _reduce_like(_weight_grad(res.solution, "X") * go[:, None], a, problem.batched)
         if need[3] and b is not None:
-            gb = _reduce_like(_weight_grad(res, "Y") * go[:, None], b, problem.batched)
+            gb = _reduce_like(_weight_grad(res.solution, "Y") * go[:, None], b, problem.batched)
     return gx, gy, ga, gb
 
 

@@ -23,19 +23,16 @@ called); we return the derivative of the value, i.e. GeomLoss's intended gradien
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
 from .. import limits
 from .._boundary import backward_autocast_off
-from ..backends import resolve_backend
-from ..engine import resolve_precision
 from ..hessian.joint import TransportHessian
-from ..options import HVPOptions, SinkhornOptions
-from ..problem import Problem, prepare, stack_sides, stackable
+from ..options import HVPOptions
 from ..result import Solution
-from ..solvers import estimate_diameter, geometric_ladder, solve
+from ..solvers import estimate_diameter, geometric_ladder
 from ..solvers.annealing import ladder_cap
 from .double_backward import WEIGHT_MESSAGE, grad_out_cotangent, hvp_settings
 from .guard import guard_second_order
@@ -90,12 +87,11 @@ def _rho(spec: GeomLossSpec) -> float | None:
     return None if spec.reach is None else _k(spec) * spec.reach**spec.p
 
 
-def _prepare(x, y, a, b, spec: GeomLossSpec, prec: str) -> Problem:
+def geomloss_problem_args(spec: GeomLossSpec) -> dict:
+    """The keywords of ``problem.prepare`` for GeomLoss's cost and relaxation (our units)."""
     rho = _rho(spec)
     extra = {} if spec.p == 2 else {"cost": "euclidean", "sq_floor": GEOMLOSS_SQ_FLOOR}
-    return prepare(
-        x, y, a, b, rho_x=rho, rho_y=rho, precision=prec, check_finite=spec.check_finite, **extra
-    )
+    return {"rho_x": rho, "rho_y": rho, **extra}
 
 
 #: GeomLoss's tensorized p = 1 cost clamps the squared distance at 1e-8 before the root.
@@ -115,7 +111,7 @@ def geomloss_eps_list(
     )  # fmt: skip
 
 
-def _eps_list(
+def geomloss_solve_ladder(
     x: torch.Tensor, y: torch.Tensor, spec: GeomLossSpec, dtype: torch.dtype
 ) -> list[float]:
     """The schedule in our (full-cost) units. Like GeomLoss, the diameter is the bounding box
@@ -134,60 +130,23 @@ def _eps_list(
     return [min(k * e, ladder_cap(dtype)) for e in ladder]
 
 
-class _Loop:
-    """The potentials of GeomLoss's loop for the xy, xx and yy problems (our units).
-
-    Each problem runs the solver loop on the ladder ``[eps_0] + eps_list`` with one iteration
-    at the last eps: a plain update from zero at eps_0, one averaged update per entry of
-    eps_list, then the extrapolation (a plain update that keeps the previous potentials).
-    """
-
-    def __init__(self, problem: Problem, impl, eps_list: list[float], debias: bool):
-        opts = SinkhornOptions(eps=eps_list[-1], n_iters=1, tol=None, schedule="symmetric",
-                               acceleration="none", scaling=None)  # fmt: skip
-        ladder = [eps_list[0], *eps_list]
-
-        def run(pr):
-            return solve(pr, impl, ladder, opts, extrapolate=True)
-
-        st = run(problem)
-        self.f, self.g, self.f_old, self.g_old = st.f, st.g, st.f_prev, st.g_prev
-        self.debias = debias
-        if debias:
-            self.problem_xx = replace(problem, Y=problem.X)
-            self.problem_yy = replace(problem, X=problem.Y)
-            X, Y = problem.X, problem.Y
-            if stackable([X, Y]):
-                # both self problems in one batch: one launch per iteration for the two
-                Z = stack_sides([X, Y])
-                st = run(Problem(Z, Z, True, problem.precision))
-                B = problem.B
-                self.p, self.q = st.f[:B], st.f[B:]
-                self.p_old, self.q_old = st.f_prev[:B], st.f_prev[B:]
-            else:
-                sx, sy = run(self.problem_xx), run(self.problem_yy)
-                self.p, self.p_old, self.q, self.q_old = sx.f, sx.f_prev, sy.f, sy.f_prev
-        self.eps = st.eps
-
-
 def _dot(w: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return (w * v).sum(-1)
 
 
 class SamplesLossFunction(torch.autograd.Function):
-    """``apply(x, y, a, b, spec)`` -> GeomLoss's Sinkhorn value, () or (B,)."""
+    """``apply(x, y, a, b, spec, loop)`` -> GeomLoss's Sinkhorn value, () or (B,).
+
+    ``loop``: the finished solve of (x, y, a, b) (``engine.solve_geomloss``, run outside this
+    function): its problem, backend and the potentials of GeomLoss's loop.
+    """
 
     @staticmethod
-    def forward(ctx, x, y, a, b, spec: GeomLossSpec):
-        impl = resolve_backend(spec.backend, x.device, x.dtype)
-        prec = resolve_precision(spec.precision, impl.name, x.dtype)
+    def forward(ctx, x, y, a, b, spec: GeomLossSpec, loop):
+        problem = loop.problem
         with torch.no_grad():
-            problem = _prepare(x, y, a, b, spec, prec)
-            eps_list = _eps_list(x, y, spec, problem.dtype)
-            problem = limits.admit(problem, eps_list, tol=None, names=("reach", "reach"))
-            loop = _Loop(problem, impl, eps_list, spec.debias)
             value = _value(problem, loop, spec)
-        ctx.problem, ctx.impl, ctx.loop, ctx.spec = problem, impl, loop, spec
+        ctx.problem, ctx.impl, ctx.loop, ctx.spec = problem, loop.backend, loop, spec
         ctx.save_for_backward(x, y, a, b)
         return problem.unbatch(value)
 
@@ -218,14 +177,14 @@ class SamplesLossFunction(torch.autograd.Function):
                 gb = _reduce(_weight_grad(loop.g, _get(loop, "q"), spec) * go[:, None], b)
         if second and spec.p == 2 and spec.reach is None:
             ga, gb = guard_second_order((ga, gb), (x, y, a, b))
-            return gx, gy, ga, gb, None
+            return gx, gy, ga, gb, None, None
         if spec.p == 1:  # no second derivatives of the euclidean cost: a ValueError, as ot_cost
             from ..costs import refuse_second_order
 
             gx, gy, ga, gb = refuse_second_order((gx, gy, ga, gb), (x, y, a, b), "euclidean")
         else:
             gx, gy, ga, gb = guard_second_order((gx, gy, ga, gb), (x, y, a, b))
-        return gx, gy, ga, gb, None
+        return gx, gy, ga, gb, None, None
 
 
 def _points_grads(ctx, need_x: bool, need_y: bool):
@@ -349,7 +308,7 @@ def _add(total: torch.Tensor | None, t: torch.Tensor | None) -> torch.Tensor | N
     return t if total is None else (total if t is None else total + t)
 
 
-def _get(loop: _Loop, name: str):
+def _get(loop, name: str):
     return getattr(loop, name, None)
 
 
@@ -357,7 +316,7 @@ def _units(spec: GeomLossSpec) -> tuple[float, float | None]:
     return spec.blur**spec.p, (None if spec.reach is None else spec.reach**spec.p)
 
 
-def _value(problem: Problem, loop: _Loop, spec: GeomLossSpec) -> torch.Tensor:
+def _value(problem, loop, spec: GeomLossSpec) -> torch.Tensor:
     """(B,) GeomLoss's ``sinkhorn_cost`` at the extrapolated potentials (half-cost units)."""
     a, b = problem.X.w, problem.Y.w
     k = _k(spec)
@@ -398,17 +357,12 @@ def _reduce(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return grad.reshape(like.shape).to(like.dtype)
 
 
-def geomloss_potentials(x, y, a, b, spec: GeomLossSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """GeomLoss's ``potentials=True`` output (F, G) in half-cost units, in GeomLoss's shapes
+def geomloss_potentials(loop, x, y, spec: GeomLossSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """GeomLoss's ``potentials=True`` output (F, G) in half-cost units from the finished solve
+    ``loop`` of (x, y) (``engine.solve_geomloss``), in GeomLoss's shapes
     (:func:`potentials_shape`: (1, n) for unbatched clouds); not differentiable."""
-    impl = resolve_backend(spec.backend, x.device, x.dtype)
-    prec = resolve_precision(spec.precision, impl.name, x.dtype)
     k = _k(spec)
     with torch.no_grad():
-        problem = _prepare(x, y, a, b, spec, prec)
-        eps_list = _eps_list(x, y, spec, problem.dtype)
-        problem = limits.admit(problem, eps_list, tol=None, names=("reach", "reach"))
-        loop = _Loop(problem, impl, eps_list, spec.debias)
         F, G = loop.f / k, loop.g / k
         if spec.debias:
             F, G = F - loop.p / k, G - loop.q / k

@@ -16,21 +16,67 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
 
 from ..problem import Side
 
+#: Solve strategies: the loop on the points ("plain"), or a coarse solve on cell centroids,
+#: a lift and a block-sparse fine loop ("multiscale", flashsinkhorn/multiscale/).
+STRATEGIES = ("plain", "multiscale")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend bound to a problem can do. The engine, the loop, the CUDA-graph caches
+    and the autograd functions read these, never a backend's ``name`` or ``path``.
+
+    Attributes:
+        transports: ``transport`` and ``transport_grad`` are implemented (gradients,
+            ``apply``, ``plan``).
+        second_order: point gradients of the squared Euclidean cost may be differentiated
+            again (the streaming HVP reads this backend's transports).
+        graph_safe: only the problem's tensors feed its launches (no state of its own), so a
+            fixed-iteration solve may be captured and replayed as a CUDA graph
+            (solvers/graphs.py).
+        kernels: the soft-mins run compiled device kernels: float32 solves default to TF32
+            products on pre-rounded points, and the "auto" acceleration weighs an
+            iteration's launches against its kernels.
+        strategy: how a solve runs on it, one of :data:`STRATEGIES`.
+    """
+
+    transports: bool = True
+    second_order: bool = True
+    graph_safe: bool = False
+    kernels: bool = False
+    strategy: str = "plain"
+
+    def default_precision(self, dtype: torch.dtype) -> str:
+        """The precision "auto" resolves to: TF32 (on pre-rounded points) for float32 solves
+        on compiled kernels, exact products otherwise."""
+        return "tf32" if self.kernels and dtype == torch.float32 else "ieee"
+
+    @property
+    def long_iterations(self) -> bool:
+        """An iteration costs far more than its launches on large problems: the "auto"
+        acceleration then weighs the scores per half-step (``SinkhornOptions.resolve``)."""
+        return self.kernels or self.strategy == "multiscale"
+
 
 class Backend(ABC):
-    """One implementation of the soft-min primitive (and, later, of transport operators)."""
+    """One implementation of the soft-min primitive and of the transport operators.
 
+    A subclass declares :attr:`capabilities` (a class attribute, or a property for a backend
+    bound to one problem); ``name`` and ``path`` only label the result.
+    """
+
+    #: Label of the implementation, reported as ``SinkhornResult.backend``.
     name: str = "abstract"
-    #: How the soft-mins read the cost: "streaming" (recomputed tiles), "dense" (stored).
+    #: How the soft-mins read the cost, reported as ``SinkhornResult.path``: "streaming"
+    #: (recomputed tiles), "dense" (stored), "matrix" (a given cost) or "multiscale".
     path: str = "streaming"
-    #: The backend holds no state of its own (only the problem's tensors feed its launches), so
-    #: a fixed-iteration solve may be captured and replayed as a CUDA graph (solvers/graphs.py).
-    graph_safe: bool = False
+    capabilities: Capabilities = Capabilities()
 
     @abstractmethod
     def softmin(
@@ -247,6 +293,12 @@ class Backend(ABC):
             (B, k) int64 column indices (k = n when ``idx`` is None).
         """
         raise NotImplementedError(f"backend {self.name!r} has no plan sampler")
+
+    def launch_tensors(self, problem) -> tuple[torch.Tensor, ...]:
+        """Tensors besides the problem's own fields that this backend's launches on
+        ``problem`` read (a staged copy of a label table): a cached CUDA graph of its launches
+        is keyed by them too (solvers/graphs.py). None by default."""
+        return ()
 
     def bound_error(self, err: torch.Tensor) -> torch.Tensor:
         """(B,) marginal error of the exact plan from the error measured by the last soft-mins

@@ -1,19 +1,27 @@
-"""The kernel costs: the one registry of ``Side.cost`` names and their formulas off the kernels.
+"""The kernel costs: the one registry of ``Side.cost`` names, their kinds and their formulas.
 
-Every ground cost reaches the backends as a *kernel cost* on transformed points
-(flashsinkhorn/costs.py). Two kinds exist:
+Every ground cost reaches the backends as a *kernel cost* (flashsinkhorn/costs.py maps the
+public names onto them, with a point transform). Its :class:`KernelCost` says how the
+kernels and the gradient read it; three kinds exist:
 
-- ``"sqeuclidean"`` (id 0): ‖r − c‖², computed in the shifted form (the scores are the dot
-  products r·c plus column and row terms; docs/kernels.md) with no square distance formed;
-- every other cost is a function of the clamped squared distance
-  ``D2 = max(‖r‖² + ‖c‖² − 2 r·c, sq_floor)``: ``"euclidean"`` (id 1) is sqrt(D2).
+- ``"dot-product"``: ‖r − c‖² in the shifted form: the scores are the dot products r·c
+  plus column and row terms (docs/kernels.md), no distance is formed; the envelope gradient
+  is 2 (diag(â) r − P c). ``"sqeuclidean"`` (kernel id 0).
+- ``"radial"``: a function of the clamped squared distance
+  ``D2 = max(‖r‖² + ‖c‖² − 2 r·c, sq_floor)``: the tiles form D2 and apply the formula of
+  the id (``triton/tiles.py``, :func:`cost_from_sq` here); the envelope gradient is
+  Σ_j P_ij w_ij (r_i − c_j) with w from :func:`grad_weight`. ``"euclidean"`` (id 1) is
+  sqrt(D2).
+- ``"matrix"``: a given cost matrix (backends/matrix.py), each side's rows of C in place of
+  points; no kernel id, no point gradient (the value is differentiated w.r.t. C).
 
-This module holds the name → integer id map that the Triton kernels receive as their
-``COST`` constexpr (their tile formulas for each id live in ``triton/tiles.py``), and the same
-formulas in PyTorch for the torch backend. It imports no Triton.
+The integer ids are the ``COST`` constexpr of the Triton kernels. This module imports no
+Triton.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -21,31 +29,79 @@ import torch
 SQEUCLIDEAN = 0
 EUCLIDEAN = 1
 
-#: ``Side.cost`` → kernel cost id.
-KERNEL_COSTS = {"sqeuclidean": SQEUCLIDEAN, "euclidean": EUCLIDEAN}
+#: The kinds of :class:`KernelCost`.
+KINDS = ("dot-product", "radial", "matrix")
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    """The contract of one kernel cost.
+
+    Attributes:
+        name: the ``Side.cost`` name.
+        kind: one of :data:`KINDS`: how the kernels and the gradient read it (module
+            docstring).
+        id: the ``COST`` constexpr of the Triton kernels; None for a cost no kernel streams.
+        power: the exponent p of the cost as a power of the distance (C = D^p; the eps
+            ladder starts from diameter^p); None where it is not a function of a distance.
+    """
+
+    name: str
+    kind: str
+    id: int | None
+    power: int | None
+
+
+#: ``Side.cost`` → its contract.
+CONTRACTS = {
+    c.name: c
+    for c in (
+        KernelCost("sqeuclidean", "dot-product", SQEUCLIDEAN, 2),
+        KernelCost("euclidean", "radial", EUCLIDEAN, 1),
+        KernelCost("matrix", "matrix", None, None),
+    )
+}
+
+#: ``Side.cost`` → kernel cost id, for the costs the kernels stream.
+KERNEL_COSTS = {name: c.id for name, c in CONTRACTS.items() if c.id is not None}
+
+
+def contract(name: str) -> KernelCost:
+    """The :class:`KernelCost` of a ``Side.cost`` name.
+
+    Raises:
+        ValueError: for a name that is not a kernel cost.
+    """
+    try:
+        return CONTRACTS[name]
+    except KeyError:
+        raise ValueError(f"unknown kernel cost {name!r}; known: {sorted(CONTRACTS)}") from None
 
 
 def cost_id(name: str) -> int:
     """The kernel id of a ``Side.cost`` name.
 
     Raises:
-        ValueError: for a name that is not a kernel cost.
+        ValueError: for a name that is not a kernel cost, or one no kernel streams.
     """
-    try:
-        return KERNEL_COSTS[name]
-    except KeyError:
-        raise ValueError(f"unknown kernel cost {name!r}; known: {sorted(KERNEL_COSTS)}") from None
+    cid = contract(name).id
+    if cid is None:
+        raise ValueError(f"kernel cost {name!r} is not streamed by the kernels")
+    return cid
 
 
 def power(name: str) -> int:
     """The exponent p of the cost as a power of the distance (C = D^p): the ε-scaling schedule
     starts from diameter^p."""
-    return {SQEUCLIDEAN: 2, EUCLIDEAN: 1}[cost_id(name)]
+    p = contract(name).power
+    if p is None:
+        raise ValueError(f"kernel cost {name!r} is not a power of a distance")
+    return p
 
 
 def shifted(name: str) -> bool:
-    """True for the squared Euclidean cost, whose scores use the shifted (dot-product) form."""
-    return cost_id(name) == SQEUCLIDEAN
+    """True for a dot-product cost, whose scores use the shifted form."""
+    return contract(name).kind == "dot-product"
 
 
 def cost_from_sq(name: str, d2: torch.Tensor, sq_floor: float) -> torch.Tensor:

@@ -23,8 +23,8 @@ import torch
 from .. import _validation as V
 from ..problem import Checks, Problem, Side, check_values
 from . import torch_ref
-from .base import Backend
-from .torch_ref import CHUNK_ELEMENTS, row_chunks
+from .base import Backend, Capabilities
+from .blocks import CHUNK_ELEMENTS, row_chunks
 
 #: ``Side.cost`` of a cost-matrix problem.
 MATRIX = "matrix"
@@ -127,6 +127,8 @@ class MatrixBackend(Backend):
 
     name = "torch"
     path = MATRIX
+    # the value is differentiated w.r.t. C (autograd/matrix_cost.py): there are no points
+    capabilities = Capabilities(second_order=False)
 
     def __init__(self, chunk_elements: int = CHUNK_ELEMENTS):
         self.chunk_elements = chunk_elements

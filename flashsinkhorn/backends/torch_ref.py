@@ -15,7 +15,6 @@ for potentials far from a fixed point. Pᵀ U is the same operator with the two 
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import replace
 
@@ -24,44 +23,8 @@ import torch
 from ..problem import Side
 from . import gumbel
 from .base import Backend
+from .blocks import CHUNK_ELEMENTS, matmul_precision, row_chunks
 from .kernel_costs import cost_from_sq, grad_weight, shifted
-
-# Score elements materialised at once (B · rows · m); 2^24 fp32 is 64 MiB.
-CHUNK_ELEMENTS = 1 << 24
-
-
-@contextlib.contextmanager
-def matmul_precision(precision: str, device: torch.device):
-    """Sets cuBLAS TF32 for the block and restores the caller's setting afterwards.
-
-    torch ≥ 2.9 has two APIs for the flag (``allow_tf32`` and ``fp32_precision``) and raises
-    on a legacy read once the caller has used the new one. The block goes through the new API
-    where it exists: a legacy read afterwards still works for a caller who only used the
-    legacy one, and a flag that inherited the global ``torch.backends.fp32_precision`` goes
-    back to inheriting it.
-    """
-    if device.type != "cuda":
-        yield
-        return
-    flags = torch.backends.cuda.matmul
-    if not hasattr(flags, "fp32_precision"):  # torch < 2.9: the legacy flag only
-        saved = flags.allow_tf32
-        flags.allow_tf32 = precision == "tf32"
-        try:
-            yield
-        finally:
-            flags.allow_tf32 = saved
-        return
-    saved = flags.fp32_precision
-    # The getter resolves "none" (inherit) to the global value; equal to it means inherited,
-    # or set to the same value, which restoring "none" keeps.
-    if saved == getattr(torch.backends, "fp32_precision", None):
-        saved = "none"
-    flags.fp32_precision = "tf32" if precision == "tf32" else "ieee"
-    try:
-        yield
-    finally:
-        flags.fp32_precision = saved
 
 
 def exp_floored_(z: torch.Tensor) -> torch.Tensor:
@@ -75,13 +38,6 @@ def exp_floored_(z: torch.Tensor) -> torch.Tensor:
     floor = math.log(torch.finfo(z.dtype).tiny) + 0.5
     z.clamp_(min=floor).exp_()
     return torch.nn.functional.threshold_(z, math.exp(floor + 0.25), 0.0)
-
-
-def row_chunks(B: int, n: int, m: int, budget: int = CHUNK_ELEMENTS):
-    """Yields row slices so that each (B, rows, m) score block stays within ``budget``."""
-    rows = max(1, budget // max(1, B * m))
-    for s in range(0, n, rows):
-        yield slice(s, min(n, s + rows))
 
 
 def scores(rows_x: torch.Tensor, cols: Side, col_pot: torch.Tensor, eps: float) -> torch.Tensor:

@@ -26,10 +26,9 @@ import torch.distributed as dist
 from .. import _validation as V
 from .. import limits
 from ..backends import resolve_backend
-from ..backends.base import Backend
-from ..engine import resolve_precision, schedule_for
+from ..backends.base import Backend, Capabilities
+from ..engine import admit, resolve_precision, run
 from ..problem import Problem, Side, Stats, centred_side, kernel_scale
-from ..solvers import solve
 from ..solvers.objective import (
     mass_gap_of,
     nominal_sum,
@@ -114,7 +113,7 @@ class Sharded:
                 extra_check()
             local = C.check_local(x, y, a, b, comm.device, opts.check_finite)
             impl = resolve_backend(opts.backend, x.device, x.dtype)
-            prec = resolve_precision(opts.precision, impl.name, x.dtype)
+            prec = resolve_precision(opts.precision, impl, x.dtype)
             codes = C.option_codes(opts, mode, compute_error, impl.name, prec)
             return opts, mode, codes, impl, prec, *local
 
@@ -194,16 +193,16 @@ class Sharded:
         self.mass_x = Masses(ma, nom_x, a is None, tuple(shards[:W]), lx)
         self.mass_y = Masses(mb, nom_y, balanced or b is None, tuple(shards[W:]), ly)
         problem = Problem(sx_, sy_, False, self.precision, centre, stats)
-        opts, eps_list = schedule_for(problem, opts)
+        # "auto" resolved, the ladder, and the range checks, the plan floor of a solve with a
+        # tolerance, the large-eps sides: from global statistics, so every rank decides alike.
+        problem, opts, eps_list = admit(problem, opts)
         if opts.acceleration == "anderson":
             raise ValueError(
                 "acceleration='anderson' is not available for sharded solves (its mixing "
                 "needs inner products over every rank); use 'overrelax' or 'auto'"
             )
         self.opts, self.eps_list = opts, eps_list
-        # Range checks, the plan floor of a solve with a tolerance, the large-eps sides: from
-        # global statistics, so every rank decides alike.
-        self.problem = limits.admit(problem, eps_list, tol=opts.tol)
+        self.problem = problem
         self.X, self.Y = self.problem.X, self.problem.Y
         self.centre = centre
         self.payloads = {}
@@ -216,8 +215,9 @@ class Sharded:
                 [self._payload("X", True)[1], self._payload("Y", True)[1]],
                 [self.sizes_x, self.sizes_y],
             )
-            self.X_all = self._nominal(unpack(pts[0], sqw[0], self.X, self.impl.name), "X")
-            self.Y_all = self._nominal(unpack(pts[1], sqw[1], self.Y, self.impl.name), "Y")
+            kernels = self.impl.capabilities.kernels
+            self.X_all = self._nominal(unpack(pts[0], sqw[0], self.X, kernels), "X")
+            self.Y_all = self._nominal(unpack(pts[1], sqw[1], self.Y, kernels), "Y")
 
     def _nominal(self, side: Side, which: str) -> Side:
         """A gathered side whose nominal mass (``Side.nominal_mass``, the M of the large-eps
@@ -232,7 +232,7 @@ class Sharded:
         key = (which, grad)
         if key not in self.payloads:
             side = self.X if which == "X" else self.Y
-            self.payloads[key] = payload(side, self.impl.name, grad)
+            self.payloads[key] = payload(side, self.impl.capabilities.kernels, grad)
         return self.payloads[key]
 
     def self_view(self, which: str) -> Sharded:
@@ -357,7 +357,8 @@ class Sharded:
             for i, s in enumerate(ops):
                 rows, like, ms, _, row_pot = sides[s]
                 pts, sqw, pot = bufs[3 * i : 3 * i + 3]
-                cols = like if owner == self.comm.rank else unpack(pts, sqw, like, self.impl.name)
+                kernels = self.impl.capabilities.kernels
+                cols = like if owner == self.comm.rank else unpack(pts, sqw, like, kernels)
                 mass = ms.shards[owner]
                 soft = cols
                 if large:
@@ -382,7 +383,7 @@ class Sharded:
     def solve(self, compute_error: bool) -> SolveOutput:
         """The library's solver loop on this rank's rows, with sweeps over all columns and
         the convergence test on the global error (:class:`ShardedBackend`)."""
-        st = solve(self.problem, ShardedBackend(self), self.eps_list, self.opts)
+        st, _ = run(self.problem, ShardedBackend(self), self.eps_list, self.opts, value=False)
         err = st.marginal_error
         if not st.converged and compute_error:
             limits.check_plan(
@@ -457,6 +458,9 @@ class ShardedBackend(Backend):
     runs them against every column of the other side (gather or ring mode). The loop's
     convergence test sees the error reduced over all ranks.
     """
+
+    # sweeps over every rank's columns: no transports, and launches outside any one graph
+    capabilities = Capabilities(transports=False, second_order=False, graph_safe=False)
 
     def __init__(self, sharded: Sharded):
         self.sh = sharded

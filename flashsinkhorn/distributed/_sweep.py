@@ -34,21 +34,21 @@ import torch
 from ..problem import Side, split_half
 
 
-def payload(side: Side, backend: str, grad: bool) -> list[torch.Tensor]:
+def payload(side: Side, kernels: bool, grad: bool) -> list[torch.Tensor]:
     """What represents a Side on the wire: kernel points (B=1) and (2, n) norms + weights.
 
     The Triton kernels read float16 copies (precision "tf32": the grid points; "tf32x3": the
     hi/lo parts), which travel as such: the owner made them once. A gradient sweep on split
-    parts sends the float32 points instead (the transport reads them besides the parts); the
-    torch backend reads the points only.
+    parts sends the float32 points instead (the transport reads them besides the parts); a
+    backend without compiled kernels (``Capabilities.kernels``) reads the points only.
     """
     pts = side.x
-    if backend == "triton" and side.xk is not None and not (side.split and grad):
+    if kernels and side.xk is not None and not (side.split and grad):
         pts = side.xk
     return [pts.contiguous(), torch.cat([side.sq, side.w], 0)]
 
 
-def unpack(pts: torch.Tensor, sqw: torch.Tensor, like: Side, backend: str) -> Side:
+def unpack(pts: torch.Tensor, sqw: torch.Tensor, like: Side, kernels: bool) -> Side:
     """Rebuilds a column Side from its payload (:func:`payload`), with ``like``'s format.
 
     Grid copies give back the owner's points exactly (x = x_half · kscale). Split parts are
@@ -58,8 +58,8 @@ def unpack(pts: torch.Tensor, sqw: torch.Tensor, like: Side, backend: str) -> Si
     """
     w = sqw[1:2]
     common = dict(sq=sqw[0:1], w=w, logw=w.log(), rho=like.rho, kscale=like.kscale)
-    if like.xk is None or backend != "triton":
-        return Side(x=pts, **common)  # the torch backend reads the points only
+    if like.xk is None or not kernels:
+        return Side(x=pts, **common)  # a backend without kernels reads the points only
     if pts.dtype != torch.float16:
         return Side(x=pts, xk=split_half(pts, like.kscale), **common)
     if like.split:

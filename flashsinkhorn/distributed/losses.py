@@ -49,13 +49,14 @@ def _point_ops(sh: Sharded, need: list[bool]) -> dict[str, set[str]]:
 
 
 class _DistOTCost(torch.autograd.Function):
-    """``apply(x_local, y_local, a_local, b_local, options, reports)`` → global OT_eps (0-d);
-    how the solve ended is appended to ``reports``."""
+    """``apply(x_local, y_local, a_local, b_local, solved)`` → global OT_eps (0-d).
+
+    ``solved``: ``(sharded problem, SolveOutput, value)`` of the finished sharded solve of
+    these shards (run outside this function)."""
 
     @staticmethod
-    def forward(ctx, x, y, a, b, options, reports):
-        sh, out, value = _run(x, y, a, b, **options)
-        reports.append(report("OT(x, y)", out))
+    def forward(ctx, x, y, a, b, solved):
+        sh, out, value = solved
         ctx.sh, ctx.out = sh, out
         ctx.save_for_backward(x, y, a, b)
         return value[0].clone()
@@ -84,7 +85,7 @@ class _DistOTCost(torch.autograd.Function):
                     gw = _weight_grad(sh, side, pot, raw, out.eps) * go
                     grads[k] = gw.reshape(w.shape).to(w.dtype)
         gx, gy, ga, gb = guard_second_order(tuple(grads), (x, y, a, b))
-        return gx, gy, ga, gb, None, None
+        return gx, gy, ga, gb, None
 
 
 def _weight_grad(sh: Sharded, side: str, pot, raw, eps: float) -> torch.Tensor:
@@ -164,39 +165,46 @@ def ot_cost(
             floor, by ``backward()``, on every rank.
     """
     options = _options(group, mode, **public_options(locals()))
-    reports: list[SolveReport] = []
-    value = _DistOTCost.apply(x_local, y_local, a_local, b_local, options, reports)
+    solved = _run(x_local, y_local, a_local, b_local, **options)
+    reports = [report("OT(x, y)", solved[1])]
+    value = _DistOTCost.apply(x_local, y_local, a_local, b_local, solved)
     warn_unconverged("flashsinkhorn.distributed.ot_cost", reports, n_iters, tol)
     return value
 
 
-class _DistDivergence(torch.autograd.Function):
-    """``apply(x_local, y_local, a_local, b_local, options, reports)`` → global S_eps (0-d).
+def _divergence_terms(x, y, a, b, options, reports):
+    """``(terms, S)``: the three solves of the divergence and its (1,) value. One sharded
+    problem serves them, as ``engine.solve_divergence`` does: OT(x, y) on it, OT(x, x) and
+    OT(y, y) on its self views (the same centring, operand scale, eps ladder and large-eps
+    threshold; one potential, one soft-min per iteration). How each solve ended is appended
+    to ``reports``."""
+    options = dict(options)
+    group = options.pop("group")
+    rho = (options["rho_x"], options["rho_y"])
+    sh = Sharded(x, y, a, b, group=group, extra_check=lambda: V.check_divergence_rho(*rho),
+                 **options)  # fmt: skip
+    terms = []
+    with torch.no_grad():
+        for label, prob in (
+            ("OT(x, y)", sh), ("OT(x, x)", sh.self_view("X")), ("OT(y, y)", sh.self_view("Y"))
+        ):  # fmt: skip
+            out = prob.solve(False)
+            reports.append(report(label, out))
+            terms.append((prob, out, prob.value(out.f, out.g, out.eps)))
+        div = terms[0][2] - 0.5 * (terms[1][2] + terms[2][2])
+        if sh.X.rho is not None:
+            # the unbalanced debiasing term eps/2 (m_a − m_b)² of losses.divergence_points
+            div = div + 0.5 * sh.opts.eps * (sh.mass_x.nominal - sh.mass_y.nominal) ** 2
+    return terms, div
 
-    One sharded problem serves the three solves, as ``engine.solve_divergence`` does: OT(x, y)
-    on it, OT(x, x) and OT(y, y) on its self views (the same centring, operand scale, eps
-    ladder and large-eps threshold; one potential, one soft-min per iteration).
-    """
+
+class _DistDivergence(torch.autograd.Function):
+    """``apply(x_local, y_local, a_local, b_local, terms, div)`` → global S_eps (0-d), from
+    the finished solves ``terms`` and value ``div`` of :func:`_divergence_terms` (run outside
+    this function)."""
 
     @staticmethod
-    def forward(ctx, x, y, a, b, options, reports):
-        options = dict(options)
-        group = options.pop("group")
-        rho = (options["rho_x"], options["rho_y"])
-        sh = Sharded(x, y, a, b, group=group, extra_check=lambda: V.check_divergence_rho(*rho),
-                     **options)  # fmt: skip
-        terms = []
-        with torch.no_grad():
-            for label, prob in (
-                ("OT(x, y)", sh), ("OT(x, x)", sh.self_view("X")), ("OT(y, y)", sh.self_view("Y"))
-            ):  # fmt: skip
-                out = prob.solve(False)
-                reports.append(report(label, out))
-                terms.append((prob, out, prob.value(out.f, out.g, out.eps)))
-            div = terms[0][2] - 0.5 * (terms[1][2] + terms[2][2])
-            if sh.X.rho is not None:
-                # the unbalanced debiasing term eps/2 (m_a − m_b)² of losses.divergence_points
-                div = div + 0.5 * sh.opts.eps * (sh.mass_x.nominal - sh.mass_y.nominal) ** 2
+    def forward(ctx, x, y, a, b, terms, div):
         ctx.terms = terms
         ctx.save_for_backward(x, y, a, b)
         return div[0].clone()
@@ -295,7 +303,8 @@ def sinkhorn_divergence(
     require_group(group)
     options = _options(group, mode, **public_options(locals()))
     reports: list[SolveReport] = []
-    value = _DistDivergence.apply(x_local, y_local, a_local, b_local, options, reports)
+    terms, div = _divergence_terms(x_local, y_local, a_local, b_local, options, reports)
+    value = _DistDivergence.apply(x_local, y_local, a_local, b_local, terms, div)
     where = "flashsinkhorn.distributed.sinkhorn_divergence"
     warn_unconverged(where, reports, n_iters, tol)
     return value

@@ -8,7 +8,8 @@ bound of the plan's mass exceeds a threshold tied to ``tol`` (docs/multiscale.md
 - sparse_torch.py: the block-sparse log-sum-exp in torch (the kernel's oracle);
 - backend.py: the Backend primitives on the pattern (soft-min, transport, gradient);
 - solver.py: coarse solve, lift and fine loop;
-- select.py: when the path applies (validation) and when "auto" picks it.
+- inputs.py: what the path accepts (the checks of ``path="multiscale"``);
+- select.py: when "auto" picks the path, and the backend of a problem.
 """
 
 from .backend import TRUNCATION_FRACTION, MultiscaleBackend

@@ -23,9 +23,11 @@ replaced by their maximum, counted twice. Derivation: docs/multiscale.md.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
-from ..backends.base import Backend
+from ..backends.base import Backend, Capabilities
 from ..problem import Problem, Side
 from . import sparse_torch
 from .bounds import Pattern, build_pattern
@@ -52,9 +54,39 @@ BUILD_FRACTION = 0.5
 REBUILD_DROP: float | None = 4.0
 
 
+@dataclass
+class MultiscaleState:
+    """Everything one multiscale solve changes as it runs, in one object owned by that solve
+    (the :class:`MultiscaleBackend` bound to its problem): the soft-mins update the pattern
+    fields, the convergence tests the staleness, and :func:`~.solver.solve_multiscale`
+    records its coarse stage here. Nothing else holds state between two soft-mins."""
+
+    #: the solve's current pattern, and the one the previous soft-min used
+    pattern: Pattern | None = None
+    last: Pattern | None = None
+    #: (pattern, previous pattern, layouts, sorted potentials, eps) of the soft-min a
+    #: convergence test reads, evaluated by ``bound_error``
+    pending: tuple | None = None
+    #: the skipped-mass bound exceeded its budget at the last test: rebuild at the next step
+    stale: bool = False
+    #: the first measured error on the current pattern (REBUILD_DROP)
+    first_err: tuple[Pattern, float] | None = None
+    #: patterns built by the solve
+    rebuilds: int = 0
+    #: iterations of the coarse solve and its last eps (None before the coarse stage ran)
+    coarse_iters: int | None = None
+    eps_coarse: float | None = None
+    #: Morton layouts by point tensor (id -> (tensor, layout)), built once per side
+    layouts: dict[int, tuple[torch.Tensor, Layout]] = field(default_factory=dict)
+
+
 class MultiscaleBackend(Backend):
     """Block-sparse soft-mins over Morton tiles (torch operations, or the Triton kernel for
-    float32 on the Triton backend).
+    float32 on a backend with compiled kernels).
+
+    The backend is bound to one problem: its :attr:`state` (:class:`MultiscaleState`) is the
+    state of that problem's solve. The two sides of the problem are told apart from other
+    sides (the lift's centroids, a gradient's self transport) by their point tensors.
 
     Args:
         base: the dense backend of this device and dtype (runs the coarse solve and the lift).
@@ -64,35 +96,32 @@ class MultiscaleBackend(Backend):
     """
 
     path = "multiscale"
-    graph_safe = False
 
     def __init__(self, base: Backend, problem: Problem, tol: float | None):
         self.base = base
         self.name = base.name
         self.problem = problem
-        self.kernel = base.name == "triton" and problem.dtype == torch.float32
+        kernels = base.capabilities.kernels
+        self.capabilities = Capabilities(
+            transports=True, second_order=False, graph_safe=False, kernels=kernels,
+            strategy="multiscale",
+        )  # fmt: skip
+        self.kernel = kernels and problem.dtype == torch.float32
         # the pattern search is float64 whatever the problem's dtype
-        self.search_kernel = base.name == "triton"
+        self.search_kernel = kernels
         self.budget = 0.5 * TRUNCATION_FRACTION * (UNTESTED_TOL if tol is None else tol)
-        self._layouts: dict[int, tuple[torch.Tensor, Layout]] = {}
-        self.pattern: Pattern | None = None
-        self._last: Pattern | None = None
-        self._pending: tuple | None = None
-        self._stale = False
-        self._first_err: tuple[Pattern, float] | None = None
-        #: patterns built by the solve (for the benchmarks and tests)
-        self.rebuilds = 0
+        self.state = MultiscaleState()
 
     # ----- layouts and patterns -----
 
     def layout(self, side: Side) -> Layout:
         """The Morton layout of a side, built once per point tensor."""
         key = id(side.x)
-        got = self._layouts.get(key)
+        got = self.state.layouts.get(key)
         if got is not None and got[0] is side.x:
             return got[1]
         lay = build_layout(side.x, side.w, side.sq.dtype)
-        self._layouts[key] = (side.x, lay)
+        self.state.layouts[key] = (side.x, lay)
         return lay
 
     def _orientation(self, rows: Side, cols: Side) -> str | None:
@@ -105,17 +134,18 @@ class MultiscaleBackend(Backend):
         return None
 
     def _build(self, lx, ly, f, g, eps, self_problem) -> Pattern:
-        self.rebuilds += 1
+        self.state.rebuilds += 1
         return build_pattern(
             lx, ly, f, g, eps, BUILD_FRACTION * self.budget, self_problem, self.search_kernel
         )
 
     def _solve_pattern(self, lx, ly, f, g, eps) -> Pattern:
         """The solve's pattern at ``eps``, rebuilt at (f, g) when eps changed or it is stale."""
-        p = self.pattern
-        if p is None or p.eps != eps or self._stale:
-            p = self.pattern = self._build(lx, ly, f, g, eps, self.problem.X is self.problem.Y)
-            self._stale = False
+        st = self.state
+        p = st.pattern
+        if p is None or p.eps != eps or st.stale:
+            p = st.pattern = self._build(lx, ly, f, g, eps, self.problem.X is self.problem.Y)
+            st.stale = False
         return p
 
     # ----- the primitives -----
@@ -129,18 +159,19 @@ class MultiscaleBackend(Backend):
             pat = self._build(lr, lc, lr.sort(old), cs, eps, rows.x is cols.x)
             orient = "xy"
         else:
-            pat = self.pattern
+            st = self.state
+            pat = st.pattern
             # the row potential in sorted order is needed for a rebuild and for the bound
-            if want_raw or pat is None or pat.eps != eps or self._stale:
+            if want_raw or pat is None or pat.eps != eps or st.stale:
                 rs = lr.sort(old)
                 lx, ly = (lr, lc) if orient == "xy" else (lc, lr)
                 f, g = (rs, cs) if orient == "xy" else (cs, rs)
                 pat = self._solve_pattern(lx, ly, f, g, eps)
                 if want_raw:
                     # evaluated by bound_error, only for the soft-min a test reads
-                    last = self._last if self._last is not None else pat
-                    self._pending = (pat, last, lx, ly, f, g, eps)
-            self._last = pat
+                    last = st.last if st.last is not None else pat
+                    st.pending = (pat, last, lx, ly, f, g, eps)
+            st.last = pat
         shift = None
         if self.kernel and beta > 0.0:
             # at a fixed point old = alpha·old + beta·T, so the row's log-sum-exp is expected
@@ -157,23 +188,24 @@ class MultiscaleBackend(Backend):
         """The measured error of the visited plan plus the recorded bound of the skipped mass;
         marks the pattern stale when that bound exceeds its budget (one synchronisation, at
         a convergence test)."""
-        if self._pending is None:
+        st = self.state
+        if st.pending is None:
             return err
-        pat, last, lx, ly, f, g, eps = self._pending
-        self._pending = None
+        pat, last, lx, ly, f, g, eps = st.pending
+        st.pending = None
         u_now = pat.skipped_bound(lx, ly, f, g, eps)
         u_last = u_now if last is pat else last.skipped_bound(lx, ly, f, g, eps)
         # one synchronisation for both
         stale, worst = torch.stack(
             [(u_now > self.budget).any().double(), err.max().double()]
         ).tolist()
-        self._stale = stale > 0
+        st.stale = stale > 0
         if REBUILD_DROP is not None:
-            seen = self._first_err
+            seen = st.first_err
             if seen is None or seen[0] is not pat:
-                self._first_err = (pat, worst)
+                st.first_err = (pat, worst)
             elif worst * REBUILD_DROP <= seen[1]:
-                self._stale = True
+                st.stale = True
         return err + 2.0 * torch.maximum(u_now, u_last).to(err.dtype)
 
     def _lse(
@@ -205,7 +237,7 @@ class MultiscaleBackend(Backend):
         lr, lc = self.layout(rows), self.layout(cols)
         rs, cs = lr.sort(row_pot), lc.sort(col_pot)
         orient = self._orientation(rows, cols)
-        pat = self.pattern
+        pat = self.state.pattern
         if orient is not None and pat is not None and pat.eps == eps:
             lx, ly = (lr, lc) if orient == "xy" else (lc, lr)
             f, g = (rs, cs) if orient == "xy" else (cs, rs)

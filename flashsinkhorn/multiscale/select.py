@@ -1,13 +1,12 @@
-"""Where the multiscale path applies: the checks of ``path="multiscale"`` and the "auto" rule."""
+"""Where the multiscale path applies: the "auto" rule, and the backend of a problem."""
 
 from __future__ import annotations
-
-import torch
 
 from ..backends import kernel_cpu
 from ..solvers import estimate_diameter
 from .backend import MultiscaleBackend
 from .clustering import MAX_DIM
+from .inputs import DTYPES
 
 #: "auto" takes the multiscale path from this many scores per half-step (B·n·m) on; on CPU
 #: tensors also wherever the stored kernel of the CPU path does not fit its memory budget
@@ -18,39 +17,6 @@ AUTO_MIN_SCORES = 10**10
 #: ... and only for eps <= AUTO_MAX_EPS_RATIO · diameter² (the fine tiles then meet a small
 #: fraction of the other cloud; docs/multiscale.md).
 AUTO_MAX_EPS_RATIO = 1e-3
-
-_DTYPES = (torch.float32, torch.float64)
-
-
-def check_options(x: torch.Tensor, cost_is_default: bool, precision: str) -> None:
-    """Raises a ValueError when ``path="multiscale"`` cannot run these inputs.
-
-    Args:
-        x: the source points (checked already), (n, d) or (B, n, d).
-        cost_is_default: the cost is the plain ‖x − y‖² (no feature map, weight or labels).
-        precision: the requested precision.
-    """
-    d = x.shape[-1]
-    if d > MAX_DIM:
-        raise ValueError(
-            f"path='multiscale' supports points of dimension d <= {MAX_DIM}, got d = {d}; use "
-            "path='auto' (it pays for d <= 3 only, docs/multiscale.md)"
-        )
-    if x.dtype not in _DTYPES:
-        raise ValueError(
-            f"path='multiscale' supports float32 and float64 points, got {x.dtype}; convert "
-            "them or use path='auto'"
-        )
-    if not cost_is_default:
-        raise ValueError(
-            "path='multiscale' supports the squared Euclidean cost only (cost='sqeuclidean', "
-            "no feature_map, feature_weight=1, no labels); use path='auto'"
-        )
-    if precision not in ("auto", "ieee"):
-        raise ValueError(
-            f"path='multiscale' computes distances in exact float32/float64: precision must be "
-            f"'auto' or 'ieee', got {precision!r}"
-        )
 
 
 def multiscale_applies(x, y, opts) -> bool:
@@ -64,7 +30,7 @@ def multiscale_applies(x, y, opts) -> bool:
     if opts.path != "auto" or opts.tol is None:
         return False
     d = x.shape[-1]
-    ok = d <= MAX_DIM and x.dtype in _DTYPES and opts.cost.is_default
+    ok = d <= MAX_DIM and x.dtype in DTYPES and opts.cost.is_default
     ok = ok and opts.precision in ("auto", "ieee")
     B = x.shape[0] if x.dim() == 3 else 1
     scores = B * x.shape[-2] * y.shape[-2]

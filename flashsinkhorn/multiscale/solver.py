@@ -127,8 +127,9 @@ def solve_multiscale(
     else:
         zg = torch.zeros_like(Y.sq)
         g0, _ = base.softmin(Y, CX, cst.f, eps_c, zg, 0.0, Y.damping(eps_c), False, prec)
-    backend.coarse_iters = cst.n_iters
-    backend.eps_coarse = eps_c
+    # the coarse stage's record, in the state of this solve
+    backend.state.coarse_iters = cst.n_iters
+    backend.state.eps_coarse = eps_c
     fopts = opts
     if opts.tol is not None and X.n * Y.n >= FINE_CHECK_MIN_NM:
         fopts = opts.replace(check_every=min(opts.check_every, FINE_CHECK_EVERY))

@@ -23,7 +23,7 @@ from collections import OrderedDict
 
 import torch
 
-from .._cuda_graph import capture
+from .._cuda_graph import capture, runtime, runtimes
 from ..tuning import TUNING
 
 _STATS = {"captured": 0, "failed": 0, "replayed": 0}
@@ -74,7 +74,7 @@ class GraphedBlock:
             and opts.tol is not None
             and opts.check_every > 1
             and problem.device.type == "cuda"
-            and getattr(type(backend), "graph_safe", False)
+            and backend.capabilities.graph_safe
             and not torch.cuda.is_current_stream_capturing()
         )
 
@@ -146,4 +146,14 @@ class BlockCache:
             self._seen.clear()
 
 
-CACHE = BlockCache()
+def cache(device) -> BlockCache:
+    """The block cache of ``device`` (in its runtime, ``_cuda_graph.py``)."""
+    return runtime(device).cache("blocks", BlockCache)
+
+
+def clear() -> None:
+    """Drops every cached block of every device."""
+    for rt in runtimes():
+        c = rt.caches().get("blocks")
+        if c is not None:
+            c.clear()

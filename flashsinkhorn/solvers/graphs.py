@@ -8,9 +8,11 @@ into a CUDA graph (with the dual value computed from the potentials). From the t
 the graph replays them in one launch, without the Python and launcher work of the ~20–30
 kernels (the host work of a 10-iteration solve is then one graph launch).
 
-The key holds everything the launches depend on. For every tensor of the problem it holds the
-address, shape, strides and dtype; it also holds every other field of the problem, the eps
-ladder, the number of iterations, the schedule and the backend class. A hit therefore replays
+The key holds everything the launches depend on (:func:`launch_key`). For every tensor of the
+problem it holds the address, shape, strides and dtype; it also holds every other field of the
+problem, every tensor outside the problem that the backend's launches read
+(``Backend.launch_tensors``: the staged label tables of the Triton kernels), the eps ladder,
+the number of iterations, the schedule and the backend class. A hit therefore replays
 exactly the launches the eager loop would make, on the data now at those addresses. The
 potentials and the value are written to the graph's own buffers and cloned for the caller.
 """
@@ -22,11 +24,18 @@ from collections.abc import Callable
 
 import torch
 
-from .._cuda_graph import GraphCache, tensor_key
+from .._cuda_graph import GraphCache, runtime, runtimes, tensor_key
 from ..problem import Problem
 from ..tuning import TUNING
 
-_CACHE = GraphCache(TUNING.max_solve_graphs)
+
+def _cache(device) -> GraphCache:
+    """The fixed-iteration solve graphs of ``device`` (in its runtime, ``_cuda_graph.py``)."""
+    return runtime(device).cache("solve", lambda: GraphCache(TUNING.max_solve_graphs))
+
+
+def _caches() -> list[GraphCache]:
+    return [c for rt in runtimes() for n, c in rt.caches().items() if n == "solve"]
 
 
 def _field_key(v):
@@ -37,14 +46,10 @@ def _side_key(side) -> tuple:
     return tuple(_field_key(getattr(side, f.name)) for f in dataclasses.fields(side))
 
 
-def _problem_key(problem: Problem, backend) -> tuple | None:
-    """What every launch of a solve depends on, or None when its launches are not graphed
-    (not CUDA, a backend that holds state of its own, or a capture of the caller's under
-    way)."""
-    if problem.device.type != "cuda" or not getattr(type(backend), "graph_safe", False):
-        return None
-    if torch.cuda.is_current_stream_capturing():
-        return None
+def launch_key(problem: Problem, backend) -> tuple:
+    """What every launch of a solve on ``backend`` depends on: the backend class, every field
+    of the problem (each tensor by address, shape, strides, dtype and device), and every other
+    tensor the backend's launches read (``Backend.launch_tensors``: a staged label table)."""
     return (
         type(backend),
         problem.precision,
@@ -52,7 +57,18 @@ def _problem_key(problem: Problem, backend) -> tuple | None:
         problem.X is problem.Y,
         _side_key(problem.X),
         _side_key(problem.Y),
+        tuple(tensor_key(t) for t in backend.launch_tensors(problem)),
     )
+
+
+def _problem_key(problem: Problem, backend) -> tuple | None:
+    """:func:`launch_key`, or None when the launches are not graphed (not CUDA, a backend
+    whose launches read state of its own, or a capture of the caller's under way)."""
+    if problem.device.type != "cuda" or not backend.capabilities.graph_safe:
+        return None
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    return launch_key(problem, backend)
 
 
 def solve_key(problem: Problem, backend, eps_list, n_iters: int, schedule: str) -> tuple | None:
@@ -77,15 +93,26 @@ def run(key: tuple, solve: Callable[[], tuple[torch.Tensor, ...]], device) -> tu
     """The tensors ``solve()`` returns: run eagerly the first time ``key`` is met, captured the
     second time, replayed from then on (the outputs are then clones of the graph's buffers).
     ``solve`` must launch work without host synchronisation."""
-    _CACHE.max_graphs = TUNING.max_solve_graphs
-    return _CACHE.run(key, solve, device)
+    cache = _cache(device)
+    cache.max_graphs = TUNING.max_solve_graphs
+    return cache.run(key, solve, device)
 
 
 def stats() -> dict[str, int]:
     """Counts of graphs captured, captures that failed, and replays, since the last clear()."""
-    return _CACHE.stats()
+    out = {"captured": 0, "failed": 0, "replayed": 0}
+    for c in _caches():
+        for k, v in c.stats().items():
+            out[k] += v
+    return out
 
 
 def clear() -> None:
     """Drops every cached graph (and the memory they hold)."""
-    _CACHE.clear()
+    for c in _caches():
+        c.clear()
+
+
+def seen() -> int:
+    """Keys met once and not captured yet, over every device."""
+    return sum(c.seen() for c in _caches())

@@ -289,24 +289,25 @@ def _graphed_block(problem, backend, eps, opts, relax, phase, keys, block_step, 
     while len(phases) < length:
         phases.append(_NEXT_PHASE[phases[-1]])
     phases = tuple(phases)
+    cache = blocks.cache(problem.device)
     if phases not in keys:
         key = graphs.block_key(problem, backend, eps, opts, relax is not None, phases)
-        recurring = key is not None and blocks.CACHE.known(key)
+        recurring = key is not None and cache.known(key)
         if key is not None and not recurring:
-            blocks.CACHE.see(key)
+            cache.see(key)
         keys[phases] = (key, recurring)
     key, recurring = keys[phases]
     if key is None:
         return None
-    block = blocks.CACHE.get(key)
+    block = cache.get(key)
     if block is None:
-        if blocks.CACHE.failed(key):
+        if cache.failed(key):
             return None
         if not recurring and k <= GRAPH_AFTER_BLOCKS * opts.check_every:
             return None
         omega_t = None if relax is None else relax.tensor(f)
         block = GraphedBlock(block_step, f, g, phases, omega_t)
-        blocks.CACHE.put(key, block)
+        cache.put(key, block)
         if block.graph is None:
             return None
     return block.run(f, g, None if relax is None else relax.tensor(f))

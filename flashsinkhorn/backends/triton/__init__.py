@@ -5,15 +5,20 @@ from __future__ import annotations
 import torch
 
 from ...tuning import TUNING
-from ..base import Backend
-from . import plan, plan_self, softmin
+from ..base import Backend, Capabilities
+from . import operands, plan, plan_self, softmin
 
 
 class TritonBackend(Backend):
     """Streaming online-LSE kernels; potentials and reductions in fp32."""
 
     name = "triton"
-    graph_safe = True
+    capabilities = Capabilities(graph_safe=True, kernels=True)
+
+    def launch_tensors(self, problem):
+        # the on-chip label tables live in a cache of operands.py, outside the problem
+        sides = (problem.X,) if problem.X is problem.Y else (problem.X, problem.Y)
+        return operands.staged_tables(sides)
 
     def softmin(self, rows, cols, col_pot, eps, old, alpha, beta, want_raw, precision):
         return softmin.softmin(rows, cols, col_pot, eps, old, alpha, beta, want_raw, precision)

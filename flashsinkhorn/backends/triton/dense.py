@@ -16,8 +16,8 @@ import triton.language as tl
 
 from ..._triton_launch import FP_FUSION, cdiv
 from ...problem import Problem, Side
-from ..base import Backend
-from ..torch_ref import matmul_precision
+from ..base import Backend, Capabilities
+from ..blocks import matmul_precision
 from . import TritonBackend
 from .configs import (
     DENSE_CHUNK_ELEMENTS,
@@ -100,7 +100,7 @@ class DenseTritonBackend(TritonBackend):
     name = "triton"
     path = "dense"
     # the Gram matrix is the backend's own tensor, not part of the cache key
-    graph_safe = False
+    capabilities = Capabilities(graph_safe=False, kernels=True)
     #: fp32 scores per row block of the envelope gradient's softmax buffer
     chunk_elements = DENSE_CHUNK_ELEMENTS
 

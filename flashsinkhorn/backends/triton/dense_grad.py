@@ -15,7 +15,7 @@ import triton.language as tl
 
 from ..._triton_launch import FP_FUSION, cdiv
 from ...problem import Side
-from ..torch_ref import matmul_precision, row_chunks
+from ..blocks import matmul_precision, row_chunks
 from .configs import DENSE_SOFTMAX_TILES
 from .tiles import online_lse
 

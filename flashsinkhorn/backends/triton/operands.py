@@ -100,6 +100,19 @@ def staged_table(W: torch.Tensor) -> tuple[torch.Tensor, float]:
     return hit[1], hit[2]
 
 
+def onchip_labels(rows: Side) -> bool:
+    """Whether the kernels stage the label table of ``rows`` on chip (:func:`staged_table`)."""
+    return (
+        rows.labels is not None and rows.lcost.shape[0] <= ONCHIP_MAX_V and not TUNING.global_labels
+    )
+
+
+def staged_tables(sides) -> tuple[torch.Tensor, ...]:
+    """The staged label tables the launches on these row sides read: tensors of this
+    module's cache, not fields of the problem, which a cached CUDA graph must be keyed by."""
+    return tuple(staged_table(s.lcost)[0] for s in sides if onchip_labels(s))
+
+
 def cost_args(rows: Side, cols: Side):
     """(COST, LABELS, row labels, column labels, table, V, table scale) for the kernels.
 
@@ -112,7 +125,7 @@ def cost_args(rows: Side, cols: Side):
     if rows.labels is None:
         return cost, 0, rows.sq, rows.sq, rows.sq, 1, 1.0
     V = rows.lcost.shape[0]
-    if V <= ONCHIP_MAX_V and not TUNING.global_labels:
+    if onchip_labels(rows):
         parts, scale = staged_table(rows.lcost)
         return cost, max(16, next_pow2(V)), rows.labels, cols.labels, parts, V, scale
     lcost = rows.lcost.to(torch.float32).contiguous()

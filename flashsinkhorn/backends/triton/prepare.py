@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._cuda_graph import GraphCache, tensor_key
+from ..._cuda_graph import GraphCache, runtime, runtimes, tensor_key
 from ..._triton_launch import FP_FUSION, cdiv, launch, precompile_once
 from ...tuning import TUNING
 from .configs import PREPARE_BLOCK, PREPARE_BLOCK_P, prepare_block_d
@@ -403,7 +403,15 @@ def sides(X, Y, a, b, centre, precision: str, scale: float, outs: dict) -> tuple
 # once a call pattern (the addresses, shapes, strides and dtypes of the clouds, weights and
 # outputs, and the operand scale) repeats: one graph launch instead of ~30 µs of Triton
 # launcher work each (docs/performance.md). False: always launch from Python.
-_GRAPHS = GraphCache(32)
+
+
+def _graphs(device) -> GraphCache:
+    """The cached prepare launches of ``device`` (in its runtime, ``_cuda_graph.py``)."""
+    return runtime(device).cache("prepare", lambda: GraphCache(32))
+
+
+def _all_graphs() -> list[GraphCache]:
+    return [c for rt in runtimes() for n, c in rt.caches().items() if n == "prepare"]
 
 
 def _graphed(X) -> bool:
@@ -421,7 +429,7 @@ def run_stats(X, Y, a, b, outs: dict) -> tuple[torch.Tensor, torch.Tensor]:
     # Only the graph's own scratch is returned from the capture: a view of ``outs`` held by
     # the cache would keep that block alive, and the next call's outputs could never land on
     # the same addresses again.
-    (st,) = _GRAPHS.run(key, lambda: stats(X, Y, a, b, outs)[1:], X.device, clone=False)
+    (st,) = _graphs(X.device).run(key, lambda: stats(X, Y, a, b, outs)[1:], X.device, clone=False)
     return centre, st
 
 
@@ -438,18 +446,23 @@ def run_sides(X, Y, a, b, centre, precision: str, scale: float, outs: dict) -> t
         sides(X, Y, a, b, centre, precision, scale, outs)
         return ()
 
-    _GRAPHS.run(key, launch_sides, X.device, clone=False)
+    _graphs(X.device).run(key, launch_sides, X.device, clone=False)
     return outs["x"], outs["y"]
 
 
 def graph_stats() -> dict[str, int]:
     """Captures, failed captures and replays of the prepare graphs since :func:`clear_graphs`."""
-    return _GRAPHS.stats()
+    out = {"captured": 0, "failed": 0, "replayed": 0}
+    for c in _all_graphs():
+        for k, v in c.stats().items():
+            out[k] += v
+    return out
 
 
 def clear_graphs() -> None:
-    """Drops the cached prepare graphs."""
-    _GRAPHS.clear()
+    """Drops the cached prepare graphs of every device."""
+    for c in _all_graphs():
+        c.clear()
 
 
 def precompile(X, Y, a, b, precision: str) -> None:

@@ -1,0 +1,121 @@
+"""The switches in force live in a context variable: an override is scoped to its block and
+its thread (and the backward passes that thread runs), never a mutated process global."""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+
+import pytest
+import torch
+
+from flashsinkhorn import tuning
+from flashsinkhorn.tuning import TUNING
+
+
+def _in_thread(fn):
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    t.join()
+    return out[0]
+
+
+def test_override_is_scoped_to_its_block_and_restored_on_error():
+    assert TUNING.plan_step is True
+    with tuning.override(plan_step=False, softmin_split=3):
+        assert TUNING.plan_step is False and TUNING.softmin_split == 3
+        with tuning.override(plan_step=True):
+            assert TUNING.plan_step is True and TUNING.softmin_split == 3
+        assert TUNING.plan_step is False
+    assert TUNING.plan_step is True and TUNING.softmin_split is None
+    with pytest.raises(RuntimeError, match="inside"):
+        with tuning.override(plan_step=False):
+            raise RuntimeError("inside")
+    assert TUNING.plan_step is True
+
+
+def test_an_override_does_not_reach_another_thread():
+    seen = {}
+    inside, release = threading.Event(), threading.Event()
+
+    def other():
+        inside.wait()
+        seen["other"] = TUNING.plan_step
+        release.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    with tuning.override(plan_step=False):
+        inside.set()
+        release.wait()
+        seen["here"] = TUNING.plan_step
+    t.join()
+    assert seen == {"other": True, "here": False}
+
+
+def test_a_thread_keeps_its_own_override():
+    def run():
+        with tuning.override(global_labels=True):
+            return TUNING.global_labels
+
+    assert _in_thread(run) is True
+    assert TUNING.global_labels is False
+
+
+def test_an_autograd_worker_thread_reads_the_launching_context():
+    # PyTorch keeps the context that called backward in the thread state of its device
+    # threads; a worker thread without switches of its own reads them from there.
+    stash = getattr(torch._C, "_stash_obj_in_tls", None)
+    if stash is None:
+        pytest.skip("this torch keeps no launching context")
+    with tuning.override(fp16_grad=False):
+        launching = contextvars.copy_context()
+
+    def worker():
+        torch._C._stash_obj_in_tls("context", launching)
+        try:
+            return TUNING.fp16_grad
+        finally:
+            torch._C._remove_obj_from_tls("context")
+
+    assert _in_thread(worker) is False
+    assert _in_thread(lambda: TUNING.fp16_grad) is True
+
+
+def test_attribute_writes_are_checked_and_scoped_to_the_context():
+    with pytest.raises(AttributeError, match="unknown tuning switch"):
+        TUNING.no_such_switch = 1
+    with pytest.raises(TypeError):
+        TUNING.plan_step = "yes"
+
+    def run():
+        TUNING.softmin_split = 2
+        return TUNING.softmin_split
+
+    assert _in_thread(run) == 2
+    assert TUNING.softmin_split is None
+    with pytest.raises(ValueError, match="unknown tuning switch"):
+        with tuning.override(no_such_switch=1):
+            pass
+
+
+@pytest.mark.gpu
+def test_an_override_around_a_cuda_backward_reaches_its_function():
+    seen = []
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2.0
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(TUNING.fp16_grad)
+            return g * 2.0
+
+    x = torch.ones(4, device="cuda", requires_grad=True)
+    with tuning.override(fp16_grad=False):
+        Probe.apply(x).sum().backward()
+    Probe.apply(x).sum().backward()
+    assert seen == [False, True]
