@@ -21,6 +21,36 @@ def pytest_configure(config):
     # here, not in pyproject.toml: resolving the class imports flashsinkhorn, which must come
     # after TRITON_INTERPRET is set above.
     config.addinivalue_line("filterwarnings", "error::flashsinkhorn.ConvergenceWarning")
+    _check_interpreter_numpy()
+
+
+def _minor(version: str) -> tuple[int, int]:
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+def _check_interpreter_numpy():
+    # Two pairings of Triton's interpreter and NumPy that cannot run the kernel tests: stop at
+    # once with the fix instead of hundreds of failures (or, for the first, wrong numbers).
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    try:
+        import triton
+    except ImportError:
+        return
+    import numpy as np
+
+    tri, npy = _minor(triton.__version__), _minor(np.__version__)
+    if tri < (3, 2) and npy >= (2, 0):
+        why, fix = "stores nothing and reads back zeros with NumPy 2", "numpy<2"
+    elif tri < (3, 7) and npy >= (2, 4):
+        why, fix = "takes int() of 1-element arrays, which NumPy 2.4 refuses", "numpy<2.4"
+    else:
+        return
+    raise pytest.UsageError(
+        f"the interpreter of Triton {triton.__version__} {why} (NumPy {np.__version__} is "
+        f"installed): install '{fix}' or a newer Triton to run the interpreter tests"
+    )
 
 
 def pytest_collection_modifyitems(config, items):

@@ -9,6 +9,8 @@ that "equal" means equal to round-off. The GPU test does the same on CUDA in flo
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -75,6 +77,11 @@ def train(step, W, x, y, lr, n):
     return torch.stack(losses), W.detach()
 
 
+# torch 2.6's dynamo stops on this step with "SpeculationLog diverged"
+@pytest.mark.skipif(
+    tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 7),
+    reason="torch < 2.7: dynamo cannot trace a backward inside the compiled step",
+)
 def test_compiled_training_step_with_backward_inside():
     torch._dynamo.reset()
     x, y, W = data(seed=1)
@@ -105,6 +112,10 @@ def test_sinkhorn_result_inside_compiled_function():
         torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.skipif(
+    "reason" not in inspect.signature(torch.compiler.disable).parameters,
+    reason="torch.compiler.disable has no reason= in this torch: the graph break has no name",
+)
 def test_fullgraph_names_the_graph_break():
     torch._dynamo.reset()
     x, y, W = data()
