@@ -11,7 +11,9 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 PIP_TORCH_ARGS ?=
 
-.PHONY: demo test test-gpu lint format docs docs-screenshots bench clean
+.PHONY: demo test test-gpu test-bounds test-lowest test-newest bounds-env-lowest \
+	bounds-env-newest bounds-check-lowest bounds-check-newest lint format docs docs-screenshots \
+	bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +37,65 @@ test: $(STAMP)
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu
+
+# Both ends of the supported versions, each in a venv of its own under BOUNDS_DIR, built anew:
+# LOWEST is pyproject.toml's lower bounds, NEWEST the newest releases. Torch is installed first,
+# then the package with its test extra, which must leave that torch in place (checked). Every
+# subpackage is imported, then BOUNDS_TESTS runs (default: the CPU suite; SMOKE_TESTS is the
+# shorter set that CI runs at the lowest versions). On Linux PyPI's torch is the CUDA build
+# (several GB per venv). A pip constraint file that caps torch (PIP_CONSTRAINT, pip.conf) caps
+# NEWEST too: lift it for the run, e.g. `make test-newest BOUNDS_PIP_ENV=PIP_CONFIG_FILE=/dev/null`.
+BOUNDS_DIR ?= .venv-bounds
+LOWEST ?= torch==2.6.0 numpy==1.24.4 scipy==1.10.1
+NEWEST ?= torch numpy scipy
+BOUNDS_PIP_ENV ?=
+SMOKE_TESTS := tests/test_solver.py tests/test_losses.py tests/test_gradients.py \
+	tests/test_validation.py tests/test_compile.py tests/test_otdd.py tests/test_hvp.py \
+	tests/test_multiscale.py tests/test_distributed.py tests/mhc/test_layer_ops.py
+BOUNDS_TESTS ?= -m "not gpu and not slow" tests
+SUBPACKAGES := flashsinkhorn flashsinkhorn.otdd flashsinkhorn.distributed flashsinkhorn.hessian \
+	flashsinkhorn.mhc flashsinkhorn.multiscale
+
+# $(1): venv name, $(2): the requirements that torch is installed with
+define bounds_env
+	rm -rf $(BOUNDS_DIR)/$(1)
+	$(PYTHON) -m venv $(BOUNDS_DIR)/$(1)
+	$(BOUNDS_PIP_ENV) $(BOUNDS_DIR)/$(1)/bin/python -m pip install -q --upgrade $(2)
+	$(BOUNDS_DIR)/$(1)/bin/python -c "import torch; print(torch.__version__)" \
+		> $(BOUNDS_DIR)/$(1)/torch-before
+	$(BOUNDS_PIP_ENV) $(BOUNDS_DIR)/$(1)/bin/python -m pip install -q -e ".[test]"
+endef
+
+# $(1): venv name
+define bounds_check
+	$(BOUNDS_DIR)/$(1)/bin/python -c "import torch; print(torch.__version__)" \
+		| cmp - $(BOUNDS_DIR)/$(1)/torch-before || (echo "the test extra replaced torch"; exit 1)
+	$(BOUNDS_DIR)/$(1)/bin/python -c "import importlib, numpy, scipy, torch, triton; \
+		[importlib.import_module(m) for m in '$(SUBPACKAGES)'.split()]; \
+		print('$(1): torch', torch.__version__, 'triton', triton.__version__, 'numpy', \
+		numpy.__version__, 'scipy', scipy.__version__, '| imported $(SUBPACKAGES)')"
+	$(BOUNDS_DIR)/$(1)/bin/python -m pytest -q -p no:cacheprovider $(BOUNDS_TESTS)
+endef
+
+bounds-env-lowest:
+	$(call bounds_env,lowest,$(LOWEST))
+
+bounds-env-newest:
+	$(call bounds_env,newest,$(NEWEST))
+
+bounds-check-lowest:
+	$(call bounds_check,lowest)
+
+bounds-check-newest:
+	$(call bounds_check,newest)
+
+test-lowest: bounds-env-lowest
+	$(MAKE) bounds-check-lowest
+
+test-newest: bounds-env-newest
+	$(MAKE) bounds-check-newest
+
+test-bounds: test-lowest test-newest
 
 DOCS_STAMP := $(VENV)/.docs-installed
 
@@ -62,4 +123,4 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix flashsinkhorn tests bench examples tools
 
 clean:
-	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(BOUNDS_DIR) build dist site *.egg-info .pytest_cache .ruff_cache
