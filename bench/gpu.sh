@@ -5,7 +5,8 @@
 #   OUT=/some/dir BENCH_CASES=fwd bash bench/gpu.sh
 #
 # Environment:
-#   OUT              output folder (default ./out): gpu_tests.log, <gpu>.json, bench_workers.log
+#   OUT              output folder (default ./out): gpu_tests.log (gpu_tests_triton.log with a
+#                    carried .whl/triton-*.whl), <gpu>.json, bench_workers.log
 #   BENCH_CASES      comma list of cases (default fwd,fwdbwd,batched,firstcall)
 #   BENCH_PROVIDERS  comma list of providers (default ours,flash-sinkhorn,geomloss,ott)
 #   BENCH_ARGS       extra arguments for bench/run.py (e.g. "--quick" or "--precisions tf32,ieee")
@@ -25,6 +26,20 @@ if [[ "${SKIP_TESTS:-0}" != "1" ]]; then
     rc=${PIPESTATUS[0]}
     set -e
     echo "gpu tests exit code: $rc (5 = no gpu tests collected)"
+    # A newer Triton carried as .whl/triton-*.whl (for the machine's Python): the same tests
+    # with it ahead of the machine's Triton on the path, the machine's torch unchanged.
+    if compgen -G ".whl/triton-*.whl" >/dev/null; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/site-triton .whl/triton-*.whl
+        echo "=== gpu tests with $(PYTHONPATH="/tmp/site-triton:$PYTHONPATH" python3 -c \
+            'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)')"
+        set +e
+        PYTHONPATH="/tmp/site-triton:$PYTHONPATH" python3 -m pytest -q -m gpu tests 2>&1 \
+            | tee "$OUT/gpu_tests_triton.log"
+        rc=${PIPESTATUS[0]}
+        set -e
+        echo "gpu tests (carried Triton) exit code: $rc"
+    fi
 fi
 
 echo "=== bench"

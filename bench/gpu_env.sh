@@ -6,9 +6,15 @@ OUT="${OUT:-./out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 
-if compgen -G ".whl/*.whl" >/dev/null; then
+# A Triton wheel in .whl/ is not among them: bench/gpu.sh runs the gpu tests with it separately,
+# after the run with the machine's own Triton.
+PEER_WHEELS=()
+for whl in .whl/*.whl; do
+    [[ -e "$whl" && "$(basename "$whl")" != triton-* ]] && PEER_WHEELS+=("$whl")
+done
+if ((${#PEER_WHEELS[@]})); then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl
+        --target /tmp/site "${PEER_WHEELS[@]}"
     export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 else
     echo "warning: no wheels in .whl/ (peers may be missing)" >&2
