@@ -51,10 +51,11 @@ NEWEST ?= torch numpy scipy
 BOUNDS_PIP_ENV ?=
 SMOKE_TESTS := tests/test_solver.py tests/test_losses.py tests/test_gradients.py \
 	tests/test_validation.py tests/test_compile.py tests/test_otdd.py tests/test_hvp.py \
-	tests/test_multiscale.py tests/test_distributed.py tests/mhc/test_layer_ops.py
+	tests/test_multiscale.py tests/test_distributed.py tests/mhc/test_layer_ops.py \
+	tests/test_coupling_api.py
 BOUNDS_TESTS ?= -m "not gpu and not slow" tests
 SUBPACKAGES := flashsinkhorn flashsinkhorn.otdd flashsinkhorn.distributed flashsinkhorn.hessian \
-	flashsinkhorn.mhc flashsinkhorn.multiscale
+	flashsinkhorn.mhc flashsinkhorn.multiscale flashsinkhorn.coupling
 
 # $(1): venv name, $(2): the requirements that torch is installed with
 define bounds_env

@@ -11,6 +11,7 @@
 #   BENCH_PROVIDERS  comma list of providers (default ours,flash-sinkhorn,geomloss,ott)
 #   BENCH_ARGS       extra arguments for bench/run.py (e.g. "--quick" or "--precisions tf32,ieee")
 #   SKIP_TESTS=1     skip the gpu-marked tests
+#   SKIP_BENCH=1     the tests only
 # Wheels for the packages the machine lacks (geomloss, flash-sinkhorn, ott-jax, jaxopt) are
 # carried in .whl/ and installed into /tmp/site by bench/gpu_env.sh. NVIDIA/NCCL environment
 # is left alone.
@@ -40,6 +41,10 @@ if [[ "${SKIP_TESTS:-0}" != "1" ]]; then
         set -e
         echo "gpu tests (carried Triton) exit code: $rc"
     fi
+fi
+
+if [[ "${SKIP_BENCH:-0}" == "1" ]]; then
+    exit 0
 fi
 
 echo "=== bench"
