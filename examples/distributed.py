@@ -1,5 +1,6 @@
 """One OT problem sharded over processes with flashsinkhorn.distributed.
 
+    python examples/distributed.py                                 # spawns 2 CPU ranks (gloo)
     torchrun --nproc-per-node=2 examples/distributed.py            # CPUs (gloo) or GPUs (NCCL)
     torchrun --nproc-per-node=2 examples/distributed.py --points 200000 # a larger problem on GPUs
     torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 \
@@ -12,18 +13,17 @@ jobs), whole command: 11.6 s; ``--no-quick`` (3,000 points, 5 steps) 21 s with
 
 Each rank draws its own rows of two clouds (uneven shards: rank r holds n_r points), solves
 in both modes, checks that they agree, then takes a few gradient steps of the sharded
-Sinkhorn divergence on its own rows of x. With GPUs each rank uses one (NCCL); otherwise
-gloo on the CPU, in float64.
+Sinkhorn divergence on its own rows of x. Under torchrun, with GPUs each rank uses one (NCCL);
+otherwise gloo on the CPU, in float64. Started without torchrun (no RANK in the environment),
+the script spawns ``--ranks`` CPU processes itself (gloo on 127.0.0.1, one torch thread each
+unless ``--threads`` says otherwise).
 """
 
 from __future__ import annotations
 
 import argparse
-
-import torch
-import torch.distributed as dist
-
-from flashsinkhorn import distributed as fsd
+import os
+import socket
 
 #: Quick runs use one torch thread: on a 2-core machine busy with other jobs, torch's two
 #: threads per process oversubscribe the cores (shuffled_regression.py --quick, 30 steps:
@@ -31,14 +31,7 @@ from flashsinkhorn import distributed as fsd
 THREADS_HELP = "torch CPU threads (default: 1 with --quick, else torch's default)"
 
 
-def set_threads(threads: int | None, quick: bool) -> None:
-    if threads is None and quick:
-        threads = 1
-    if threads:
-        torch.set_num_threads(threads)
-
-
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
         "--points", type=int, default=None, help="total points per cloud (3000; 1000 quick)"
@@ -53,14 +46,62 @@ def main() -> None:
         help="1000 points, 3 steps (default: on when there is no CUDA device)",
     )
     p.add_argument("--threads", type=int, default=None, help=THREADS_HELP + ", per rank")
-    args = p.parse_args()
-    quick = args.quick if args.quick is not None else not torch.cuda.is_available()
-    set_threads(args.threads, quick)
+    p.add_argument(
+        "--ranks", type=int, default=2, help="processes to spawn without torchrun (2; CPU, gloo)"
+    )
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # --help returns here, before torch is imported
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from flashsinkhorn import distributed as fsd  # noqa: E402
+
+
+def set_threads(threads: int | None, quick: bool) -> None:
+    if threads is None and quick:
+        threads = 1
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def spawned_rank(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
+    """One process of a run started without torchrun: torchrun's variables, then the run."""
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )  # fmt: skip
+    # one thread per rank unless asked: the ranks share the machine's cores
+    torch.set_num_threads(args.threads or 1)
+    main(args, backend="gloo")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(args: argparse.Namespace, backend: str | None = None) -> None:
+    if "RANK" not in os.environ:
+        if args.ranks < 1:
+            raise SystemExit(f"--ranks must be >= 1, got {args.ranks}")
+        port = free_port()
+        print(f"no torchrun environment: spawning {args.ranks} CPU ranks (gloo, port {port})")
+        torch.multiprocessing.spawn(spawned_rank, (args.ranks, port, args), nprocs=args.ranks)
+        return
+    cpu = backend == "gloo" or not torch.cuda.is_available()
+    quick = args.quick if args.quick is not None else cpu
+    if backend is None:  # (spawned ranks have set theirs)
+        set_threads(args.threads, quick)
     args.points = args.points or (1000 if quick else 3000)
     args.steps = args.steps or (3 if quick else 5)
 
     # NCCL on GPU LOCAL_RANK of this node, or gloo on the CPU; one node or several.
-    place = fsd.init_process_group()
+    place = fsd.init_process_group(backend)
     device = place.device
     dtype = torch.float32 if device.type == "cuda" else torch.float64
     rank, world = place.rank, place.world_size
@@ -99,4 +140,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

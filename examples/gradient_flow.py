@@ -22,14 +22,36 @@ import math
 import pathlib
 import time
 
-import torch
-
-import flashsinkhorn as fs
-
 #: Quick runs use one torch thread: on a 2-core machine busy with other jobs, torch's two
 #: threads per process oversubscribe the cores (shuffled_regression.py --quick, 30 steps:
 #: 10.5 s with one thread, 159 s with two, at a load average of 6).
 THREADS_HELP = "torch CPU threads (default: 1 with --quick, else torch's default)"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", nargs="?", default="out/gradient_flow", help="output directory")
+    parser.add_argument("--steps", type=int, default=None, help="steps (40; 24 with --quick)")
+    parser.add_argument("--n", type=int, default=None, help="points per cloud (500; 250 quick)")
+    parser.add_argument("--every", type=int, default=None, help="a frame every k steps (5; 4)")
+    parser.add_argument("--eps", type=float, default=0.004)
+    parser.add_argument("--lr", type=float, default=0.5)
+    parser.add_argument(
+        "--quick",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="small sizes (default: on when there is no CUDA device)",
+    )
+    parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # --help returns here, before the heavy imports
+
+import torch  # noqa: E402
+
+import flashsinkhorn as fs  # noqa: E402
 
 
 def set_threads(threads: int | None, quick: bool) -> None:
@@ -48,22 +70,7 @@ def two_moons(n: int, gen: torch.Generator) -> torch.Tensor:
     return pts * 0.45 + torch.tensor([0.3, 0.35]) + 0.02 * torch.randn(n, 2, generator=gen)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", nargs="?", default="out/gradient_flow", help="output directory")
-    parser.add_argument("--steps", type=int, default=None, help="steps (40; 24 with --quick)")
-    parser.add_argument("--n", type=int, default=None, help="points per cloud (500; 250 quick)")
-    parser.add_argument("--every", type=int, default=None, help="a frame every k steps (5; 4)")
-    parser.add_argument("--eps", type=float, default=0.004)
-    parser.add_argument("--lr", type=float, default=0.5)
-    parser.add_argument(
-        "--quick",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="small sizes (default: on when there is no CUDA device)",
-    )
-    parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
-    args = parser.parse_args()
+def main(args: argparse.Namespace) -> None:
     import matplotlib  # after the arguments: --help needs no matplotlib
 
     matplotlib.use("Agg")
@@ -113,4 +120,4 @@ def _save(path, x, y, step, loss) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -18,14 +18,28 @@ from __future__ import annotations
 import argparse
 import time
 
-import torch
-
-import flashsinkhorn as fs
-
 #: Quick runs use one torch thread: on a 2-core machine busy with other jobs, torch's two
 #: threads per process oversubscribe the cores (shuffled_regression.py --quick, 30 steps:
 #: 10.5 s with one thread, 159 s with two, at a load average of 6).
 THREADS_HELP = "torch CPU threads (default: 1 with --quick, else torch's default)"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=None, help="points per cloud (512; 128 with --quick)")
+    ap.add_argument("--d", type=int, default=4, help="dimension")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="n = 128: a few seconds on a CPU")
+    ap.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # --help returns here, before the heavy imports
+
+import torch  # noqa: E402
+
+import flashsinkhorn as fs  # noqa: E402
 
 
 def set_threads(threads: int | None, quick: bool) -> None:
@@ -61,14 +75,7 @@ def reference_hvp(x, y, a, b, f, g, eps, A):
     return (Dxx_A - Dxz_w).detach()
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=None, help="points per cloud (512; 128 with --quick)")
-    ap.add_argument("--d", type=int, default=4, help="dimension")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quick", action="store_true", help="n = 128: a few seconds on a CPU")
-    ap.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
-    args = ap.parse_args()
+def main(args: argparse.Namespace) -> None:
     set_threads(args.threads, args.quick)
     args.n = args.n or (128 if args.quick else 512)
     gen = torch.Generator().manual_seed(args.seed)
@@ -107,4 +114,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

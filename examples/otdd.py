@@ -29,15 +29,37 @@ import argparse
 import pathlib
 import time
 
-import torch
-
-import flashsinkhorn as fs
-from flashsinkhorn.otdd import class_distance_matrix, otdd_distance
-
 #: Quick runs use one torch thread: on a 2-core machine busy with other jobs, torch's two
 #: threads per process oversubscribe the cores (shuffled_regression.py --quick, 30 steps:
 #: 10.5 s with one thread, 159 s with two, at a load average of 6).
 THREADS_HELP = "torch CPU threads (default: 1 with --quick, else torch's default)"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", nargs="?", default="out/otdd", help="output directory")
+    parser.add_argument("--eps", type=float, default=1.0, help="entropic regularisation")
+    parser.add_argument("--steps", type=int, default=10, help="gradient-flow steps")
+    parser.add_argument("--iters", type=int, default=20, help="iterations per flow solve")
+    parser.add_argument("--lr", type=float, default=0.5, help="gradient-flow step size")
+    parser.add_argument("--flow-eps", type=float, default=0.25, help="eps of the flow")
+    parser.add_argument(
+        "--quick",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="300 digits per half (default: on when there is no CUDA device)",
+    )
+    parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # --help returns here, before the heavy imports
+
+import torch  # noqa: E402
+
+import flashsinkhorn as fs  # noqa: E402
+from flashsinkhorn.otdd import class_distance_matrix, otdd_distance  # noqa: E402
 
 
 def set_threads(threads: int | None, quick: bool) -> None:
@@ -58,22 +80,7 @@ def shift_images(x: torch.Tensor, dx: int) -> torch.Tensor:
     return out.reshape(-1, 64)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", nargs="?", default="out/otdd", help="output directory")
-    parser.add_argument("--eps", type=float, default=1.0, help="entropic regularisation")
-    parser.add_argument("--steps", type=int, default=10, help="gradient-flow steps")
-    parser.add_argument("--iters", type=int, default=20, help="iterations per flow solve")
-    parser.add_argument("--lr", type=float, default=0.5, help="gradient-flow step size")
-    parser.add_argument("--flow-eps", type=float, default=0.25, help="eps of the flow")
-    parser.add_argument(
-        "--quick",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="300 digits per half (default: on when there is no CUDA device)",
-    )
-    parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
-    args = parser.parse_args()
+def main(args: argparse.Namespace) -> None:
     # After the arguments: --help needs neither matplotlib nor scikit-learn.
     import matplotlib
     from sklearn.datasets import load_digits
@@ -193,4 +200,4 @@ def _save_flow(path, frames, values) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -47,17 +47,71 @@ import math
 import pathlib
 import time
 
-import numpy as np
-import torch
-from scipy.sparse.linalg import eigsh
-
-import flashsinkhorn as fs
-from flashsinkhorn.hessian import TransportHessian, cg_solve
-
 #: Quick runs use one torch thread: on a 2-core machine busy with other jobs, torch's two
 #: threads per process oversubscribe the cores (shuffled_regression.py --quick, 30 steps:
 #: 10.5 s with one thread, 159 s with two, at a load average of 6).
 THREADS_HELP = "torch CPU threads (default: 1 with --quick, else torch's default)"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out_pos", nargs="?", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None, help="output folder (default out/shuffled_regression)")
+    ap.add_argument("--n", type=int, default=None, help="points (default 40000; 500 with --quick)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="CPU, float64, n = 500, eps = 0.5, eps x 0.7 per annealing step, 30 iterations "
+        "at eps, the reference minimiser capped at 10 s",
+    )
+    ap.add_argument("--eps", type=float, default=None, help="paper: 0.1 (default), 0.25, 0.5")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-steps", type=int, default=400)
+    ap.add_argument("--max-seconds", type=float, default=None, help="wall-clock budget")
+    ap.add_argument("--check-every", type=int, default=5, help="Adam steps per λmin check")
+    ap.add_argument("--lr", type=float, default=0.03)
+    ap.add_argument("--lam-switch", type=float, default=1e-3)
+    ap.add_argument("--newton-t0", type=float, default=10.0, help="initial Armijo step")
+    ap.add_argument("--gtol", type=float, default=5e-3)
+    ap.add_argument("--patience", type=int, default=3)
+    ap.add_argument("--adam-only", action="store_true", help="never switch (baseline)")
+    ap.add_argument(
+        "--anneal", type=float, default=None, help="eps factor per annealing step (0.9; 0.7 quick)"
+    )
+    ap.add_argument(
+        "--tol", type=float, default=0.0, help="Sinkhorn marginal tolerance (0: fixed count)"
+    )
+    ap.add_argument(
+        "--sinkhorn-iters",
+        type=int,
+        default=None,
+        help="iterations at eps, the cap with --tol (60; 30 with --quick)",
+    )
+    ap.add_argument(
+        "--precision",
+        default=None,
+        help='kernel precision (default "tf32x3" on CUDA: fp32-accurate on the tensor cores)',
+    )
+    ap.add_argument("--tau", type=float, default=1e-5, help="relative Schur damping")
+    ap.add_argument("--cg-tol", type=float, default=1e-6, help="Schur CG tolerance")
+    ap.add_argument("--cg-max-iter", type=int, default=500, help="Schur CG cap")
+    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    ap.add_argument("--no-verify", action="store_true", help="skip the double-backward check")
+    ap.add_argument("--no-reference", action="store_true", help="skip the minimiser near W*")
+    ap.add_argument("--replot", default=None, help="only redraw the PNG of a summary JSON")
+    ap.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # --help returns here, before the heavy imports
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from scipy.sparse.linalg import eigsh  # noqa: E402
+
+import flashsinkhorn as fs  # noqa: E402
+from flashsinkhorn.hessian import TransportHessian, cg_solve  # noqa: E402
 
 
 def set_threads(threads: int | None, quick: bool) -> None:
@@ -274,54 +328,7 @@ def plot(summary: dict, path: pathlib.Path) -> bool:
     return True
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out_pos", nargs="?", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--out", default=None, help="output folder (default out/shuffled_regression)")
-    ap.add_argument("--n", type=int, default=None, help="points (default 40000; 500 with --quick)")
-    ap.add_argument(
-        "--quick",
-        action="store_true",
-        help="CPU, float64, n = 500, eps = 0.5, eps x 0.7 per annealing step, 30 iterations "
-        "at eps, the reference minimiser capped at 10 s",
-    )
-    ap.add_argument("--eps", type=float, default=None, help="paper: 0.1 (default), 0.25, 0.5")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-steps", type=int, default=400)
-    ap.add_argument("--max-seconds", type=float, default=None, help="wall-clock budget")
-    ap.add_argument("--check-every", type=int, default=5, help="Adam steps per λmin check")
-    ap.add_argument("--lr", type=float, default=0.03)
-    ap.add_argument("--lam-switch", type=float, default=1e-3)
-    ap.add_argument("--newton-t0", type=float, default=10.0, help="initial Armijo step")
-    ap.add_argument("--gtol", type=float, default=5e-3)
-    ap.add_argument("--patience", type=int, default=3)
-    ap.add_argument("--adam-only", action="store_true", help="never switch (baseline)")
-    ap.add_argument(
-        "--anneal", type=float, default=None, help="eps factor per annealing step (0.9; 0.7 quick)"
-    )
-    ap.add_argument(
-        "--tol", type=float, default=0.0, help="Sinkhorn marginal tolerance (0: fixed count)"
-    )
-    ap.add_argument(
-        "--sinkhorn-iters",
-        type=int,
-        default=None,
-        help="iterations at eps, the cap with --tol (60; 30 with --quick)",
-    )
-    ap.add_argument(
-        "--precision",
-        default=None,
-        help='kernel precision (default "tf32x3" on CUDA: fp32-accurate on the tensor cores)',
-    )
-    ap.add_argument("--tau", type=float, default=1e-5, help="relative Schur damping")
-    ap.add_argument("--cg-tol", type=float, default=1e-6, help="Schur CG tolerance")
-    ap.add_argument("--cg-max-iter", type=int, default=500, help="Schur CG cap")
-    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
-    ap.add_argument("--no-verify", action="store_true", help="skip the double-backward check")
-    ap.add_argument("--no-reference", action="store_true", help="skip the minimiser near W*")
-    ap.add_argument("--replot", default=None, help="only redraw the PNG of a summary JSON")
-    ap.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
-    args = ap.parse_args()
+def main(args: argparse.Namespace) -> None:
     set_threads(args.threads, args.quick)
     # The quick run takes a shorter ladder and fewer iterations per solve (about 48 instead of
     # 120 on average); on the default data it still switches to Newton after ~125 Adam steps.
@@ -527,4 +534,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -7,7 +7,7 @@ allowed, before any kernel is launched.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from numbers import Integral, Real
 
 import numpy as np
@@ -266,3 +266,24 @@ def check_matrix_weights(name: str, w: object, C: torch.Tensor, dim: int) -> tor
             f"{tuple(C.shape)}, got {tuple(w.shape)}"
         )
     return w
+
+
+def check_progress(progress: object, tol: object) -> bool | Callable | None:
+    """``progress``: None/False (off), True (a progress bar) or a callable(iteration, error).
+
+    The report comes at the convergence tests, so it needs a tolerance: with ``tol=None`` it
+    would never be called, and is refused.
+    """
+    if progress is None or progress is False:
+        return None
+    if progress is not True and not callable(progress):
+        raise TypeError(
+            "progress must be None, a bool, or a callable progress(iteration, error); got "
+            f"{describe(progress)}"
+        )
+    if tol is None:
+        raise ValueError(
+            "progress reports the marginal error at each convergence test, and tol=None runs "
+            "without tests: give a tolerance (e.g. tol=1e-6) or leave progress=None"
+        )
+    return progress

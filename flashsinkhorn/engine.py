@@ -159,7 +159,7 @@ def run(problem: Problem, backend: Backend, eps_list: list[float], opts: Sinkhor
         return eager()
     f, g, val = graphs.run(key, lambda: _tensors(*eager()), problem.device)
     n_done = len(eps_list) - 1 + opts.n_iters
-    return SolveState(f, g, eps_list[-1], n_done, False, None), val
+    return SolveState(f, g, eps_list[-1], n_done, False, None, n_annealing=len(eps_list) - 1), val
 
 
 def finish(problem: Problem, backend: Backend, state: SolveState, value: torch.Tensor,
@@ -179,6 +179,7 @@ def finish(problem: Problem, backend: Backend, state: SolveState, value: torch.T
         problem=problem, backend=backend, f=state.f, g=state.g, value=value, eps=state.eps,
         n_iters=state.n_iters, converged=state.converged,
         marginal_error=state.marginal_error, errors=state.errors, route=route,
+        n_annealing=state.n_annealing,
     )  # fmt: skip
 
 
@@ -236,6 +237,7 @@ def solve_divergence(x, y, a, b, opts: SinkhornOptions):
             sk = SolveState(
                 terms.part(st.f, k), terms.part(st.g, k), st.eps, st.n_iters, st.converged,
                 None if err is None else terms.part(err, k), st.errors,
+                n_annealing=st.n_annealing,
             )  # fmt: skip
             return finish(terms.xx if k == 0 else terms.yy, backend, sk, terms.part(value, k),
                           bd.opts)  # fmt: skip

@@ -5,10 +5,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from . import _validation as V
 from ._boundary import entry_point
+from ._convergence import report, warn_unconverged
+from ._numpy import numpy_io
 from .costs import transform_points
 from .engine import solve_matrix, solve_points
 from .options import SinkhornOptions, public_options
@@ -16,6 +20,7 @@ from .result import SinkhornResult
 
 
 @entry_point
+@numpy_io(("x", "y", "a", "b", "feature_map", "label_x", "label_y", "label_cost"))
 def sinkhorn(
     x: torch.Tensor,
     y: torch.Tensor,
@@ -38,6 +43,7 @@ def sinkhorn(
     precision: str = "auto",
     check_finite: bool = True,
     path: str = "auto",
+    progress: bool | Callable[[int, float], object] | None = None,
     cost: str = "sqeuclidean",
     feature_map: torch.Tensor | None = None,
     label_x: torch.Tensor | None = None,
@@ -53,7 +59,9 @@ def sinkhorn(
     the n × m cost is never stored on the Triton path.
 
     Args:
-        x: (n, d) or (B, n, d) source points; float16/bfloat16/float32/float64.
+        x: (n, d) or (B, n, d) source points; float16/bfloat16/float32/float64. A NumPy
+            array (then every array argument is one) is solved on the CPU in its dtype and
+            gives a result of NumPy arrays (docs/conventions.md, "NumPy inputs").
         y: (m, d) or (B, m, d) target points, same dtype and device as ``x``.
         a: weights of ``x``, (n,) or (B, n), non-negative; default uniform 1/n.
         b: weights of ``y``, (m,) or (B, m); default uniform 1/m.
@@ -103,6 +111,11 @@ def sinkhorn(
             centroids and block-sparse fine soft-mins that skip tile pairs whose bound of the
             plan's mass is negligible; ``marginal_error`` is then an upper bound of the
             untruncated plan's error (docs/multiscale.md).
+        progress: None (default), True or a callable. True shows a progress bar on stderr
+            (``tqdm`` when installed, else a line a second) with the marginal error at each
+            convergence test; a callable is called there as ``progress(iteration, error)``
+            (``iteration`` counts annealing steps, as ``result.errors`` does; ``error`` is the
+            worst over a batch). Needs ``tol`` (a ValueError with ``tol=None``).
         cost: ground cost c(x, y): "sqeuclidean" (‖x − y‖², default), "euclidean"
             (‖x − y‖) or "cosine" (1 − cos(x, y); a zero vector is mapped to the origin, so
             its cost to any point is feature_weight/2). ``eps`` is in units of this cost.
@@ -120,9 +133,10 @@ def sinkhorn(
 
     Returns:
         A :class:`SinkhornResult` with potentials ``f``, ``g``, ``value``, ``n_iters``,
-        ``converged``, ``marginal_error``, and the ``schedule`` and ``acceleration`` that
-        ran. Potentials are not differentiable; use :func:`flashsinkhorn.ot_cost` for
-        gradients.
+        ``converged``, ``marginal_error``, the error history ``errors``, and the ``schedule``
+        and ``acceleration`` that ran; ``print(result)`` summarises it. Issues a
+        ``ConvergenceWarning`` when ``tol`` was not reached in ``n_iters`` iterations.
+        Potentials are not differentiable; use :func:`flashsinkhorn.ot_cost` for gradients.
 
     Raises:
         ValueError, TypeError: for invalid arguments, naming the argument.
@@ -143,10 +157,13 @@ def sinkhorn(
     opts = SinkhornOptions.build(x, y, **public_options(locals()))
     with torch.no_grad():
         x, y = transform_points(x, opts.cost), transform_points(y, opts.cost)
-    return solve_points(x, y, a, b, opts)
+    res = solve_points(x, y, a, b, opts)
+    _warn("sinkhorn", res, opts)
+    return res
 
 
 @entry_point
+@numpy_io(("C", "a", "b"))
 def solve(
     C: torch.Tensor,
     a: torch.Tensor | None = None,
@@ -163,6 +180,7 @@ def solve(
     scaling: float | str | None = "auto",
     rho_x: float | None = None,
     rho_y: float | None = None,
+    progress: bool | Callable[[int, float], object] | None = None,
 ) -> SinkhornResult:
     """Entropic optimal transport for a given cost matrix C (POT's ``ot.sinkhorn`` form).
 
@@ -176,7 +194,8 @@ def solve(
     Args:
         C: (n, m) cost, or (B, n, m) for B problems solved together; float32 or float64
             (float16/bfloat16 are read in float32), on any device. Its entries must be finite
-            (checked in the one synchronisation of the weight checks).
+            (checked in the one synchronisation of the weight checks). A NumPy array (with
+            ``a``, ``b`` NumPy too) gives a result of NumPy arrays, as in :func:`sinkhorn`.
         a: weights of the rows, (n,) or (B, n) (a shared (n,) for a batched C), non-negative;
             default uniform 1/n.
         b: weights of the columns, (m,) or (B, m); default uniform 1/m.
@@ -197,6 +216,9 @@ def solve(
         rho_x: KL relaxation strength of the row marginal (unbalanced OT); None (default) is
             a hard constraint.
         rho_y: the same for the column marginal.
+        progress: None (default), True (a progress bar) or a callable
+            ``progress(iteration, error)`` called at each convergence test, as in
+            :func:`sinkhorn` (needs ``tol``).
 
     Returns:
         A :class:`SinkhornResult`: potentials ``f`` (n,) / (B, n) and ``g`` (m,) / (B, m) with
@@ -223,4 +245,13 @@ def solve(
         (torch.Size([200, 300]), True)
     """
     opts = SinkhornOptions.build(**public_options(locals()))
-    return solve_matrix(C, a, b, opts)
+    res = solve_matrix(C, a, b, opts)
+    _warn("solve", res, opts)
+    return res
+
+
+def _warn(where: str, res: SinkhornResult, opts: SinkhornOptions) -> None:
+    # the result says converged=False itself, but a user who reads only f, g or value
+    # should not miss it: warn like the losses (ConvergenceWarning)
+    what = "batched Sinkhorn solve" if res.f.dim() > 1 else "Sinkhorn solve"
+    warn_unconverged(where, [report("OT(x, y)", res)], opts.n_iters, opts.tol, what)

@@ -8,6 +8,8 @@ HVP of :mod:`flashsinkhorn.hessian`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from . import _validation as V
@@ -57,6 +59,7 @@ def ot_cost(
     precision: str = "auto",
     check_finite: bool = True,
     path: str = "auto",
+    progress: bool | Callable[[int, float], object] | None = None,
     hvp_options: dict | None = None,
     cost: str = "sqeuclidean",
     feature_map: torch.Tensor | None = None,
@@ -89,6 +92,9 @@ def ot_cost(
         path: "auto" (default), "streaming", "dense" or "multiscale", as in
             :func:`flashsinkhorn.sinkhorn`; "multiscale" (d <= 3) differentiates through the
             block-sparse plan (first derivatives only; docs/multiscale.md).
+        progress: None (default), True (a progress bar) or a callable
+            ``progress(iteration, error)`` called at each convergence test, as in
+            :func:`flashsinkhorn.sinkhorn` (needs ``tol``).
         hvp_options: Schur-solve settings of the second derivative (``create_graph=True``
             then grad again, which applies the streaming HVP): keys ``tau``, ``cg_tol``,
             ``cg_max_iter``, ``cg_check_every`` (defaults 1e-5, 1e-6, 500, 10; docs/hvp.md).
@@ -171,6 +177,7 @@ def sinkhorn_divergence(
     precision: str = "auto",
     check_finite: bool = True,
     path: str = "auto",
+    progress: bool | Callable[[int, float], object] | None = None,
     hvp_options: dict | None = None,
     cost: str = "sqeuclidean",
     feature_map: torch.Tensor | None = None,
@@ -196,7 +203,8 @@ def sinkhorn_divergence(
     must be equal (both None, or the same number): a relaxation of one marginal only, or two
     different ones, has no debiased divergence with S(a, a) = 0 and S >= 0 (a ValueError;
     docs/transport.md). With ``scaling`` all three solves anneal from the same diameter (that
-    of both clouds, estimated when None).
+    of both clouds, estimated when None). ``progress`` reports each of the three solves in turn
+    (OT(x, y), then the self terms).
 
     The cost arguments (``cost``, ``feature_map``, ``label_x``, ``label_y``, ``label_cost``,
     ``feature_weight``, ``label_weight``) are those of :func:`ot_cost`; the self terms use

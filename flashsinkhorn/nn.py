@@ -35,7 +35,7 @@ class SinkhornDivergence(torch.nn.Module):
         eps: entropic regularisation in squared-distance units.
         **options: any keyword of :func:`flashsinkhorn.sinkhorn_divergence` (n_iters, tol,
             check_every, schedule, acceleration, omega, anderson_memory, scaling, diameter,
-            rho_x, rho_y, backend, precision, check_finite, hvp_options, and the cost
+            rho_x, rho_y, backend, precision, check_finite, progress, hvp_options, and the cost
             options cost, feature_map, label_x, label_y, label_cost, feature_weight,
             label_weight of docs/costs.md). The solver
             settings are validated here.

@@ -11,6 +11,7 @@ the operators only ever receive that object.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -96,6 +97,7 @@ SOLVER_DEFAULTS = {
     "precision": "auto",
     "check_finite": True,
     "path": "auto",
+    "progress": None,
 }
 
 
@@ -120,6 +122,8 @@ class SinkhornOptions:
         precision: "auto", "ieee", "tf32" or "tf32x3".
         check_finite: check the inputs for NaN/inf.
         path: "auto", "streaming", "dense" or "multiscale".
+        progress: None, True (a progress bar) or a callable ``progress(iteration, error)``
+            called at each convergence test (``solvers/progress.py``).
         cost: the validated cost description (:class:`~flashsinkhorn.costs.CostSpec`).
         hvp: Schur-solve settings of second derivatives.
     """
@@ -140,6 +144,7 @@ class SinkhornOptions:
     precision: str = "auto"
     check_finite: bool = True
     path: str = "auto"
+    progress: bool | Callable[[int, float], object] | None = None
     cost: CostSpec = field(default_factory=CostSpec)
     hvp: HVPOptions = field(default_factory=HVPOptions)
 
@@ -202,6 +207,7 @@ class SinkhornOptions:
             precision=precision,
             check_finite=check_finite,
             path=path,
+            progress=V.check_progress(s["progress"], s["tol"]),
             cost=spec,
             hvp=HVPOptions.build(hvp_options),
         )

@@ -83,7 +83,7 @@ def test_check_finite_must_be_a_bool(name, value):
 @pytest.mark.parametrize("value", [np.int64(5), np.int32(5), torch.tensor(5), np.array(5)])
 def test_integers_accepted_as_numpy_and_0d_tensors(value):
     assert _solve(n_iters=value).n_iters == 5
-    assert _solve(check_every=value, tol=1e-3).n_iters >= 1
+    assert _solve(check_every=value, tol=1e-3, n_iters=1000).converged
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Non-convergence is visible: results say converged=False, the losses warn with
+"""Non-convergence is visible: results say converged=False, every entry point warns with
 flashsinkhorn.ConvergenceWarning (once per call site, filterable, an error on request), and
 fixed-iteration solves (tol=None) never warn."""
 
@@ -21,7 +21,9 @@ L2 = torch.arange(40) % 3
 # eps = 1e-3 and 20 iterations: far from the tolerance 1e-3.
 SHORT = dict(eps=1e-3, n_iters=20, tol=1e-3, scaling=None)
 
-LOSSES = {
+ENTRY_POINTS = {
+    "sinkhorn": lambda **kw: fs.sinkhorn(X, Y, **kw),
+    "solve": lambda **kw: fs.solve(torch.cdist(X, Y) ** 2, **kw),
     "ot_cost": lambda **kw: fs.ot_cost(X, Y, **kw),
     "sinkhorn_divergence": lambda **kw: fs.sinkhorn_divergence(X, Y, **kw),
     "SinkhornDivergence": lambda **kw: fs.SinkhornDivergence(**kw)(X, Y),
@@ -38,49 +40,57 @@ def test_warning_class_is_public_and_a_user_warning():
 
 
 def test_results_say_converged_false():
-    res = fs.sinkhorn(X, Y, **SHORT)
+    with pytest.warns(fs.ConvergenceWarning, match="^sinkhorn: the Sinkhorn solve stopped"):
+        res = fs.sinkhorn(X, Y, **SHORT)
     assert res.converged is False and res.n_iters == 20
     assert res.marginal_error > 1e-3
     assert fs.sinkhorn(X, Y, eps=0.5, tol=1e-3).converged is True
     # A diverging iteration (NaN potentials) is not converged either.
     x = X.clone()
     x[0, 0] = math.inf
-    bad = fs.sinkhorn(x, Y, eps=0.5, n_iters=20, check_finite=False, scaling=None)
+    with pytest.warns(fs.ConvergenceWarning, match="^sinkhorn: the Sinkhorn solve diverged"):
+        bad = fs.sinkhorn(x, Y, eps=0.5, n_iters=20, check_finite=False, scaling=None)
     assert bad.converged is False and not math.isfinite(bad.errors[-1][1])
     with pytest.warns(fs.ConvergenceWarning, match="ot_cost: the Sinkhorn solve diverged"):
         fs.ot_cost(x, Y, eps=0.5, n_iters=20, check_finite=False, scaling=None)
 
 
-@pytest.mark.parametrize("name", list(LOSSES))
-def test_losses_warn_when_tol_is_not_reached(name):
+@pytest.mark.parametrize("name", list(ENTRY_POINTS))
+def test_entry_points_warn_when_tol_is_not_reached(name):
     with pytest.warns(fs.ConvergenceWarning, match=rf"^{name}: .*tol=0\.001") as rec:
-        LOSSES[name](**SHORT)
+        ENTRY_POINTS[name](**SHORT)
     # One warning per kind: otdd_distance reports the solves of W and its own apart.
     assert len(rec) == (2 if name == "otdd_distance" else 1)
     # The warning points at the caller's line, not inside the library or torch.
     assert all(w.filename == __file__ for w in rec)
 
 
-@pytest.mark.parametrize("name", list(LOSSES))
+@pytest.mark.parametrize("name", list(ENTRY_POINTS))
 def test_warning_can_be_an_error(name):
     with warnings.catch_warnings():
         warnings.simplefilter("error", fs.ConvergenceWarning)
         with pytest.raises(fs.ConvergenceWarning, match="without reaching tol"):
-            LOSSES[name](**SHORT)
+            ENTRY_POINTS[name](**SHORT)
 
 
-@pytest.mark.parametrize("name", list(LOSSES))
+@pytest.mark.parametrize("name", list(ENTRY_POINTS))
 def test_fixed_iterations_and_converged_solves_never_warn(name):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        LOSSES[name](**{**SHORT, "tol": None})
-        LOSSES[name](eps=0.5, tol=1e-3, n_iters=2000)
+        ENTRY_POINTS[name](**{**SHORT, "tol": None})
+        ENTRY_POINTS[name](eps=0.5, tol=1e-3, n_iters=2000)
 
 
 def test_divergence_names_the_terms_that_stopped_short():
     # x against itself converges at once; the cross term does not.
     with pytest.warns(fs.ConvergenceWarning, match=r"1 of its 3 Sinkhorn solves \(OT\(x, y\)\)"):
         fs.sinkhorn_divergence(X, Y, eps=1e-3, n_iters=20, scaling=None)
+
+
+def test_batched_sinkhorn_warns_as_a_batch():
+    with pytest.warns(fs.ConvergenceWarning, match="^sinkhorn: the batched Sinkhorn solve"):
+        res = fs.sinkhorn(X.expand(2, -1, -1), Y.expand(2, -1, -1), **SHORT)
+    assert res.converged is False
 
 
 def test_once_per_call_site():

@@ -184,7 +184,10 @@ def test_sample_plan_with_labels_follows_the_pairs():
 def test_sample_trajectory():
     g = torch.Generator().manual_seed(9)
     X = torch.randn(24, 4, 2, generator=g) + torch.arange(4.0)[None, :, None]
-    T = OTPlanSampler("exact").sample_trajectory(X)
+    # the near-exact plans of these spread-out slices stop short of tol=1e-3 at the sampler's
+    # 1000 iterations, and say so (the draws below need only the support of the plans)
+    with pytest.warns(fs.ConvergenceWarning, match="stopped at n_iters=1000"):
+        T = OTPlanSampler("exact").sample_trajectory(X)
     assert T.shape == X.shape
     assert torch.equal(T[:, 0], X[:, 0])
     for t in range(4):

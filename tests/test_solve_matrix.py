@@ -314,7 +314,9 @@ def _bad_calls():
     C = torch.rand(4, 5)
     a, b = torch.full((4,), 0.25), torch.full((5,), 0.2)
     return [
-        (TypeError, "C must be a torch.Tensor", lambda: fs.solve(C.numpy(), eps=1.0)),
+        (TypeError, "C must be a torch.Tensor", lambda: fs.solve(C.tolist(), eps=1.0)),
+        # a NumPy C is solved (NumPy out); NumPy weights beside a tensor C are not
+        (TypeError, "a is a NumPy array while", lambda: fs.solve(C, a.numpy(), eps=1.0)),
         (TypeError, "C must have a real floating dtype", lambda: fs.solve(C.int(), eps=1.0)),
         (ValueError, "C must be 2-D", lambda: fs.solve(C[0], eps=1.0)),
         (ValueError, "C must be 2-D", lambda: fs.solve(C[None, None], eps=1.0)),

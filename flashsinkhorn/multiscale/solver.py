@@ -115,7 +115,7 @@ def solve_multiscale(
     CY = CX if own else coarse_side(Y, cy, CX.w if Y.mass_of is not None else None)
     coarse = Problem(CX, CY, True, "ieee")
     ctol = opts.tol if opts.tol is not None else 1e-3
-    copts = opts.replace(tol=ctol)
+    copts = opts.replace(tol=ctol, progress=None)  # report the fine solve only
     base = backend.base
     cst = solve(coarse, base, coarse_list, copts)
     # the lift: c-transforms of the coarse potentials of the other side at eps_c

@@ -33,6 +33,7 @@ from . import blocks, graphs
 from .acceleration import AdaptiveOmega, Anderson
 from .blocks import GraphedBlock
 from .objective import side_error
+from .progress import ErrorHistory
 
 
 @dataclass
@@ -49,6 +50,8 @@ class SolveState:
     #: With ``extrapolate``: the potentials before the final plain update.
     f_prev: torch.Tensor | None = None
     g_prev: torch.Tensor | None = None
+    #: Iterations of the annealing ladder, included in ``n_iters``.
+    n_annealing: int = 0
 
 
 #: Blocks of ``check_every`` iterations run eagerly before the rest are replayed from a graph
@@ -179,6 +182,7 @@ def solve(
         f, g, _ = _step(problem, backend, f, g, eps_k, schedule, phase, False)
         phase = _NEXT_PHASE[phase]
         done += 1
+    annealing = done
     eps = eps_list[-1]
     run = _run_anderson if opts.acceleration == "anderson" else _run_plain
     if X is Y:
@@ -192,9 +196,10 @@ def solve(
     if extrapolate:
         # The plain update sets every potential, zero-weight points included.
         f_new, g_new, _ = _step(problem, backend, f, g, eps, schedule, "iterate", False, True)
-        return SolveState(f_new, g_new, eps, done, converged, None, errors, f, g)
+        return SolveState(f_new, g_new, eps, done, converged, None, errors, f, g, annealing)
     f, g = _settle_null_points(problem, backend, f, g, eps)
-    return SolveState(f, g, eps, done, converged, err if converged else None, errors)
+    err = err if converged else None
+    return SolveState(f, g, eps, done, converged, err, errors, n_annealing=annealing)
 
 
 def _is_check(opts: SinkhornOptions, k: int) -> bool:
@@ -209,7 +214,7 @@ def _run_plain(problem, backend, f, g, eps, opts, phase, done):
     relax = None
     if opts.acceleration == "overrelax":
         relax = AdaptiveOmega(problem.B, schedule, opts.omega)
-    errors: list[tuple[int, float]] = []
+    errors = ErrorHistory(opts.progress, done, opts.n_iters, opts.tol)
     state = {"converged": False, "last": done, "err": None}
 
     def test(err) -> bool:
@@ -273,7 +278,7 @@ def _run_plain(problem, backend, f, g, eps, opts, phase, done):
         f, g = f_new, g_new
         done += 1
         k += 1
-    return f, g, done, state["converged"], state["err"], errors
+    return f, g, done, state["converged"], state["err"], errors.close()
 
 
 def _graphed_block(problem, backend, eps, opts, relax, phase, keys, block_step, f, g, k,
@@ -329,7 +334,7 @@ def _run_anderson(problem, backend, f, g, eps, opts, phase, done):
     else:
         mixer = Anderson(torch.cat([f, g], -1), opts.anderson_memory)
     n = f.shape[-1]
-    errors: list[tuple[int, float]] = []
+    errors = ErrorHistory(opts.progress, done, opts.n_iters, opts.tol)
     converged, err = False, None
     for k in range(opts.n_iters):
         if alternating:
@@ -360,4 +365,4 @@ def _run_anderson(problem, backend, f, g, eps, opts, phase, done):
     if not converged and alternating:
         # The returned plan is (λ_x T(g), g): its row marginal is exact.
         f, _ = backend.softmin(X, Y, g, eps, f, 0.0, lx, False, prec)
-    return f, g, done, converged, err, errors
+    return f, g, done, converged, err, errors.close()

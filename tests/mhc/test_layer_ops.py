@@ -288,6 +288,7 @@ def test_gpu_compile_inductor_training_step():
         assert (a - b).abs().max() / a.abs().max().clamp_min(1e-6) < 5e-2
 
 
+@pytest.mark.slow  # real sm_90 compiles of every variant: minutes on a loaded 2-core CPU
 def test_layer_kernels_compile_for_sm90():
     # every variant of the layer's kernels (and the 16-bit paired forward) through Triton's
     # compiler down to an sm_90 cubin, without a GPU: the interpreter runs Python semantics
