@@ -141,10 +141,20 @@ class _InForce:
         return repr(current())
 
 
+@torch.compiler.assume_constant_result
+def _traced_read(name: str):
+    # Dynamo cannot trace ContextVar.get: under torch.compile a switch is read once, when the
+    # code is traced, and compiled in as a constant (torch.compile(fullgraph=True) of the mHC
+    # layer reads mhc_fused_dx in its forward).
+    return getattr(current(), name)
+
+
 def _reader(name: str) -> property:
     # a property per switch: a read costs one context-variable look-up, where a __getattr__
     # fallback first raised and caught an AttributeError (about 10x slower)
     def read(self, _get=_SWITCHES.get, _field=operator.attrgetter(name)):
+        if torch.compiler.is_compiling():
+            return _traced_read(name)
         got = _get(None)
         if got is None:
             got = current() if _SET_SOMEWHERE else _DEFAULTS
