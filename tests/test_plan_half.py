@@ -7,27 +7,18 @@ import pytest
 import torch
 
 import flashsinkhorn as fs
-from flashsinkhorn import _triton_launch as L
 from flashsinkhorn.backends import TorchBackend, resolve_backend
 from flashsinkhorn.backends.triton import plan, softmin
 from flashsinkhorn.tuning import TUNING, override
 
 from .loop_reference import torch_iterate
-from .test_plan_step import SHAPES, _problem
+from .test_plan_step import SHAPES, _problem, _spy_guards
 
 
 def _half_with_flag(monkeypatch, *args):
     """plan.half_step and its fallback flag (1: the guarded online-LSE sweep redid it)."""
-    flags = []
-    real = softmin.symmetric_step
-
-    def spy(*a, **kw):
-        if kw.get("guard") is not None and L._RECORDING.get() is None:
-            flags.append(int(kw["guard"].item()))
-        return real(*a, **kw)
-
     with monkeypatch.context() as mp:
-        mp.setattr(plan.softmin, "symmetric_step", spy)
+        flags = _spy_guards(mp)
         out = plan.half_step(*args)
     return out, flags[-1]
 
