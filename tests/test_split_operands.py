@@ -217,21 +217,21 @@ def test_distributed_payload_ships_split_parts():
     p = _problem(1, 29, 31, 5, torch.device("cpu"))
     for side in (p.X, p.Y):
         # The iterations ship the parts the owner made once: nothing is re-split on arrival.
-        pts, sqw = payload(side, "triton", grad=False)
+        pts, sqw = payload(side, True, grad=False)
         assert pts.dtype == torch.float16 and torch.equal(pts, side.xk)
-        back = unpack(pts, sqw, side, "triton")
+        back = unpack(pts, sqw, side, True)
         assert back.split and torch.equal(back.xk, side.xk) and back.kscale == side.kscale
         # its points (hi + lo) · kscale: 22 bits of the owner's (the large-eps shift only)
         assert float((back.x - side.x).abs().max()) <= 2.0**-20 * float(side.x.abs().max())
         # A gradient sweep ships the float32 points (its transport reads them): split once
         # on arrival, bitwise the owner's parts.
-        pts, sqw = payload(side, "triton", grad=True)
+        pts, sqw = payload(side, True, grad=True)
         assert pts.dtype == torch.float32
-        back = unpack(pts, sqw, side, "triton")
+        back = unpack(pts, sqw, side, True)
         assert back.split and torch.equal(back.xk, side.xk) and torch.equal(back.x, side.x)
-        # the torch backend reads the points only
-        pts, sqw = payload(side, "torch", grad=False)
-        back = unpack(pts, sqw, side, "torch")
+        # a backend without compiled kernels reads the points only
+        pts, sqw = payload(side, False, grad=False)
+        back = unpack(pts, sqw, side, False)
         assert back.xk is None and torch.equal(back.x, side.x)
 
 
