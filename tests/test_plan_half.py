@@ -12,15 +12,12 @@ from flashsinkhorn.backends.triton import plan, softmin
 from flashsinkhorn.tuning import TUNING, override
 
 from .loop_reference import torch_iterate
-from .test_plan_step import SHAPES, _problem, _spy_guards
+from .test_plan_step import SHAPES, _plan_with_flag, _problem
 
 
 def _half_with_flag(monkeypatch, *args):
     """plan.half_step and its fallback flag (1: the guarded online-LSE sweep redid it)."""
-    with monkeypatch.context() as mp:
-        flags = _spy_guards(mp)
-        out = plan.half_step(*args)
-    return out, flags[-1]
+    return _plan_with_flag(monkeypatch, *args, step=plan.half_step)
 
 
 @pytest.mark.parametrize("B,n,m,d", SHAPES)

@@ -46,11 +46,12 @@ def _spy_guards(mp):
     return flags
 
 
-def _plan_with_flag(monkeypatch, *args):
-    """plan.symmetric_step and the value of its fallback flag (1: the guarded step redid it)."""
+def _plan_with_flag(monkeypatch, *args, step=None):
+    """``step(*args)`` (default plan.symmetric_step) and the value of its fallback flag (1: the
+    guarded step redid it)."""
     with monkeypatch.context() as mp:
         flags = _spy_guards(mp)
-        out = plan.symmetric_step(*args)
+        out = (step or plan.symmetric_step)(*args)
     return out, flags[-1]
 
 
