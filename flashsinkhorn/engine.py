@@ -141,6 +141,13 @@ def run(problem: Problem, backend: Backend, eps_list: list[float], opts: Sinkhor
             (``SolveState.f_prev``; GeomLoss's last extrapolation).
     """
 
+    with graphs.staged(problem, backend) as launched:
+        return _run(launched, backend, eps_list, opts, value, extrapolate)
+
+
+def _run(problem, backend, eps_list, opts, value, extrapolate):
+    """:func:`run` on the problem its launches read (``graphs.staged``)."""
+
     def eager():
         if backend.capabilities.strategy == "multiscale":
             check_multiscale_eps(problem, eps_list[-1])

@@ -227,3 +227,59 @@ def test_one_runtime_per_device_holds_every_graph_cache():
     assert graphs.seen() >= 1 and blocks.cache("cpu").known(("b",))
     cpu.clear()
     assert solve_cache.seen() == 0 and not blocks.cache("cpu").known(("b",))
+
+
+def test_staged_copy_keeps_every_field_and_alias():
+    p = _problem("cpu", m=37)
+    for prob in (p, dataclasses.replace(p, Y=p.X)):
+        tensors = graphs._problem_tensors(prob)
+        st = graphs._Staged(prob, tensors).problem
+        assert (st.X is st.Y) == (prob.X is prob.Y)
+        for s_side, p_side in ((st.X, prob.X), (st.Y, prob.Y)):
+            for f in dataclasses.fields(p_side):
+                a, b = getattr(s_side, f.name), getattr(p_side, f.name)
+                if isinstance(b, torch.Tensor):
+                    assert a.data_ptr() != b.data_ptr() and torch.equal(a, b)
+                else:
+                    assert a == b
+        # a tensor two fields share (the y side's nominal mass is the x side's weights) is
+        # one buffer in the copy too
+        if prob.Y.mass_of is not None:
+            assert (st.Y.mass_of is st.X.w) == (prob.Y.mass_of is prob.X.w)
+        assert len(graphs._problem_tensors(st)) == len(tensors)
+
+
+def test_no_staging_on_cpu():
+    p = _problem("cpu")
+    with graphs.staged(p, TritonBackend()) as q:
+        assert q is p
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("schedule", ["alternating", "symmetric"])
+def test_new_cloud_of_a_known_shape_replays_from_its_first_call(monkeypatch, schedule):
+    from flashsinkhorn.solvers import blocks
+
+    graphs.clear()
+    kw = dict(eps=0.05, tol=1e-4, schedule=schedule)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    # every cloud stays alive: the prepared tensors of each land at other addresses
+    clouds = [
+        (torch.rand(700, 5, device="cuda", generator=gen),
+         torch.rand(650, 5, device="cuda", generator=gen))
+        for _ in range(4)
+    ]  # fmt: skip
+    monkeypatch.setattr(graphs, "STAGE_MAX_BYTES", 0)
+    plain = [fs.sinkhorn(x, y, **kw) for x, y in clouds]
+    monkeypatch.setattr(graphs, "STAGE_MAX_BYTES", 1 << 26)
+    graphs.clear()
+    for _ in range(2):
+        fs.sinkhorn(*clouds[0], **kw)  # the shape becomes known
+    captured = blocks.stats()["captured"]
+    for (x, y), ref in zip(clouds[1:], plain[1:], strict=True):
+        before = blocks.stats()["replayed"]
+        res = fs.sinkhorn(x, y, **kw)
+        assert blocks.stats()["replayed"] > before  # from its first call
+        assert torch.equal(res.f, ref.f) and torch.equal(res.g, ref.g)
+        assert torch.equal(res.value, ref.value) and res.n_iters == ref.n_iters
+    assert blocks.stats()["captured"] == captured
