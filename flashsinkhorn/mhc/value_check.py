@@ -25,7 +25,7 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["Flag", "check_logit_values", "raise_for", "take_flag"]
+__all__ = ["Flag", "check_logit_values", "give_back", "raise_for", "take_flag"]
 
 #: bits of :func:`raise_for` (byte k of a flag is bit 2**k)
 NAN_OR_POS_INF, ROW_OF_NEG_INF, COLUMN_OF_NEG_INF = 1, 2, 4
@@ -139,6 +139,12 @@ def _new_flag(device: int) -> Flag:
         try:
             alias = torch.as_tensor(_CudaArray(host))
             ok = alias.is_cuda and alias.data_ptr() == host.data_ptr() and alias.dtype == host.dtype
+            if ok:
+                # once per flag: a kernel's write through the alias must reach the host bytes
+                alias.fill_(1)
+                _sync_current_stream(device)
+                ok = host.tolist() == [1, 1, 1, 1]
+                host.zero_()
         except (RuntimeError, TypeError, ValueError):
             ok = False
         if ok:
