@@ -146,6 +146,10 @@ def _projection_methods(device, use_triton, compile_backend, eager_max):
         def call(m, g):
             return lambda: sinkhorn_knopp(m, ITERS, check_finite=False)
 
+        def checked(m, g):
+            # the default: the value check in the kernel, one synchronisation per call
+            return lambda: sinkhorn_knopp(m, ITERS)
+
         def kernel(m, g):
             return lambda: SKT.sk_forward_triton(m, ITERS, "log", 0.0)
 
@@ -184,9 +188,11 @@ def _projection_methods(device, use_triton, compile_backend, eager_max):
 
         out += [
             ("ours: sinkhorn_knopp call", "fwd", torch.float32, call, None),
+            ("ours: call, check_finite=True (default)", "fwd", torch.float32, checked, None),
             ("ours: kernel launch only", "fwd", torch.float32, kernel, None),
             ("ours: validate + custom op (previous)", "fwd", torch.float32, previous_call, None),
             ("ours: sinkhorn_knopp call", "fwd", torch.bfloat16, call, None),
+            ("ours: call, check_finite=True (default)", "fwd", torch.bfloat16, checked, None),
             ("ours: kernel, unpaired rcp", "fwd", torch.bfloat16, pairing(False), None),
             ("ours: kernel, paired rcp", "fwd", torch.float32, pairing(True), None),
             ("ours: general path (1 matrix/program)", "fwd", torch.float32, general, 2**24),

@@ -5,13 +5,13 @@
 whose autograd formula is the custom op ``flashsinkhorn::mhc_sinkhorn_backward``; both have
 fake (meta) implementations, so the projection is traced without graph breaks. Eager calls run
 the same forward and backward without the custom op's dispatch: directly without autograd,
-through ``_SKFunction`` with it.
+through ``_SKFunction`` with it. The value check (``check_finite``) of a Triton call runs in
+its forward kernel (:mod:`.value_check`).
 """
 
 from __future__ import annotations
 
 import importlib
-import math
 import os
 
 import torch
@@ -20,6 +20,7 @@ from torch.autograd.function import once_differentiable
 from .. import _validation as V
 from ..backends import triton_available
 from .sk_torch import sk_backward_torch, sk_forward_torch
+from .value_check import check_logit_values, give_back, raise_for, take_flag
 
 __all__ = ["sinkhorn_knopp", "VARIANTS", "MAX_TRITON_N"]
 
@@ -55,19 +56,38 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _run_forward(x: torch.Tensor, n_iters: int, variant: str, eps: float, backend: str):
+def _run_forward(
+    x: torch.Tensor, n_iters: int, variant: str, eps: float, backend: str, check: bool = False
+):
+    """The projection of x; with ``check`` (Triton only) the kernel also checks the values,
+    and the call waits for it and raises for logits without a projection."""
     if backend == "triton":
         if x.dim() == 3 and x.is_contiguous():
             # the common case without a reshape or a view (each ≈ 1-2 µs of host time)
-            return _SK.sk_forward_triton(x, n_iters, variant, eps)
+            if not check:
+                return _SK.sk_forward_triton(x, n_iters, variant, eps)
+            return _checked_triton(x, n_iters, variant, eps)
         n = x.shape[-1]
-        return _SK.sk_forward_triton(x.reshape(-1, n, n).contiguous(), n_iters, variant, eps).view(
-            x.shape
-        )
+        m = x.reshape(-1, n, n).contiguous()
+        if not check:
+            return _SK.sk_forward_triton(m, n_iters, variant, eps).view(x.shape)
+        return _checked_triton(m, n_iters, variant, eps).view(x.shape)
     n = x.shape[-1]
     flat = x.reshape(-1, n, n)
     out = sk_forward_torch(flat.to(_compute_dtype(x.dtype)), n_iters, variant, eps)
     return out.to(x.dtype).reshape(x.shape)
+
+
+def _checked_triton(m: torch.Tensor, n_iters: int, variant: str, eps: float) -> torch.Tensor:
+    """The Triton forward of (B, n, n) contiguous logits with the value check in its kernel:
+    one synchronisation, then the flag read."""
+    flag = take_flag(m)
+    out = _SK.sk_forward_triton(m, n_iters, variant, eps, flag=flag.kernel)
+    bits = flag.read()
+    if bits:
+        raise_for(bits)  # the flag is not given back: it is not zero
+    give_back(flag)
+    return out
 
 
 def _run_backward(x, grad, n_iters, variant, eps, backend):
@@ -154,36 +174,6 @@ def resolve_backend(x: torch.Tensor, backend: str) -> str:
     return backend
 
 
-def check_logit_values(logits: torch.Tensor) -> None:
-    """Raises for logits that have no bistochastic projection (one device synchronisation).
-
-    +inf (and NaN) turn exp(M − rowmax M) into NaN; a row or column of −inf is a zero row
-    or column of P₀, which no scaling makes stochastic. Other −inf entries are zeros of P₀.
-    """
-    # Two reductions over the logits: a row max is NaN for a NaN in the row (amax propagates
-    # it), +inf for a +inf, and -inf for a row of -inf only.
-    row_max = logits.amax(-1)
-    col_max = logits.amax(-2)
-    bad = torch.stack(
-        [
-            (torch.isnan(row_max) | (row_max == math.inf)).any(),
-            (row_max == -math.inf).any(),
-            (col_max == -math.inf).any(),
-        ]
-    ).tolist()
-    if bad[0]:
-        raise ValueError(
-            "logits must not contain NaN or +inf (-inf entries are allowed: they are zeros of "
-            "the matrix); pass check_finite=False to skip this check"
-        )
-    for flag, what in zip(bad[1:], ("row", "column"), strict=True):
-        if flag:
-            raise ValueError(
-                f"logits have a {what} of -inf only: a zero {what} cannot be normalised "
-                "(no doubly stochastic scaling exists)"
-            )
-
-
 def _validate(
     logits, n_iters, variant, eps, backend, check_finite
 ) -> tuple[int, str, float, str, bool]:
@@ -250,18 +240,18 @@ class _SKFunction(torch.autograd.Function):
     without the custom op's dispatch (≈ 30 µs of host time per call on a CPU)."""
 
     @staticmethod
-    def forward(x, n_iters, variant, eps, backend):
-        return _run_forward(x, n_iters, variant, eps, backend)
+    def forward(x, n_iters, variant, eps, backend, check):
+        return _run_forward(x, n_iters, variant, eps, backend, check)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        _setup_context(ctx, inputs, output)
+        _setup_context(ctx, inputs[:5], output)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
-        return _run_backward(x, grad, *ctx.args), None, None, None, None
+        return _run_backward(x, grad, *ctx.args), None, None, None, None, None
 
 
 def sinkhorn_knopp(
@@ -288,8 +278,10 @@ def sinkhorn_knopp(
             ``"triton"`` (CUDA tensors, or CPU tensors with ``TRITON_INTERPRET=1``) or
             ``"torch"``.
         check_finite: raise for NaN or +inf logits, and for a row or column of -inf (no
-            projection exists); one device synchronisation. False skips the check (NaN in,
-            NaN out). Not traced by ``torch.compile`` (a compiled call never checks).
+            projection exists); one device synchronisation (the Triton backend checks in the
+            projection kernel itself, the torch backend with two reductions). False skips the
+            check (NaN in, NaN out). A call traced by ``torch.compile`` or captured into a
+            CUDA graph never checks (neither can wait for the device).
 
     Returns:
         (..., n, n) tensor of the input dtype (half precision is read and written in its
@@ -298,7 +290,7 @@ def sinkhorn_knopp(
 
     The arguments are validated on the first call for a given (shape, dtype, device,
     arguments); later calls with the same ones reuse that result and go straight to the
-    kernel launch (``check_finite``'s value check still runs on every call).
+    kernel launch (``check_finite``'s value check still runs on every call, in that launch).
 
     Raises:
         TypeError: non-tensor or non-floating logits; float64 with ``backend="triton"``;
@@ -325,12 +317,17 @@ def sinkhorn_knopp(
             logits, n_iters, variant, eps, backend, check_finite
         )
         return _sk_op(logits, n_iters, variant, eps, backend)
-    n_iters, variant, eps, backend, check_finite = _plan(
+    n_iters, variant, eps, backend, check = _plan(
         logits, n_iters, variant, eps, backend, check_finite
     )
-    # meta tensors hold no values
-    if check_finite and logits.device.type != "meta":
-        check_logit_values(logits)
+    if check:
+        if logits.is_meta:
+            check = False  # meta tensors hold no values
+        elif logits.is_cuda and torch.cuda.is_current_stream_capturing():
+            check = False  # a capture cannot wait for the device (as torch.compile above)
+        elif backend != "triton":
+            check_logit_values(logits)
+            check = False
     if logits.requires_grad and torch.is_grad_enabled():
-        return _SKFunction.apply(logits, n_iters, variant, eps, backend)
-    return _run_forward(logits, n_iters, variant, eps, backend)
+        return _SKFunction.apply(logits, n_iters, variant, eps, backend, check)
+    return _run_forward(logits, n_iters, variant, eps, backend, check)

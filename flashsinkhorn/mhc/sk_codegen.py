@@ -105,11 +105,21 @@ def _emit_store(s: _Src, n: int, ptr: str, prefix: str):
             )
 
 
-def _emit_setup(s: _Src, n: int, log: bool):
-    """A (x{i}{j}), a{i}, b{j} from the logits m{i}{j}."""
+def _emit_setup(s: _Src, n: int, log: bool, check: bool = False):
+    """A (x{i}{j}), a{i}, b{j} from the logits m{i}{j}; with check, the value check of
+    :func:`_emit_check` on the row maxima f{i} first."""
     R = range(n)
-    for i in R:
-        s(f"f{i} = " + _nest("tl.maximum", [f"m{i}{j}" for j in R]))
+    if check:
+        s("if CHECK:")
+        for i in R:
+            s(f"f{i} = " + _nest("_max_nan", [f"m{i}{j}" for j in R]), 2)
+        _emit_check(s, n)
+        s("else:")
+        for i in R:
+            s(f"f{i} = " + _nest("tl.maximum", [f"m{i}{j}" for j in R]), 2)
+    else:
+        for i in R:
+            s(f"f{i} = " + _nest("tl.maximum", [f"m{i}{j}" for j in R]))
     if log:
         for i, j in itertools.product(R, R):
             s(f"l{i}{j} = m{i}{j} - f{i}")
@@ -131,6 +141,31 @@ def _emit_setup(s: _Src, n: int, log: bool):
         for i in R:
             s(f"a{i} = tl.full((BLOCK,), 1.0, tl.float32)")
             s(f"b{i} = tl.full((BLOCK,), 1.0, tl.float32)")
+
+
+def _emit_check(s: _Src, n: int):
+    """Sets the bytes of p_flag for this program's logits that have no projection (the
+    conditions of :func:`.value_check.check_logit_values`, per matrix): byte 0 for a NaN or
+    +inf (a row maximum f{i} that propagates NaN is NaN or +inf), byte 1 for a row of -inf
+    only (f{i} = -inf), byte 2 for a column of -inf only (column maximum -inf). Every writer
+    of a byte writes 1 (plain stores: no atomics, no lost bits); lanes past n_mat read zeros
+    and write nothing, and so does every lane of a good program (masked stores)."""
+    R = range(n)
+    for j in R:
+        s(f"c{j} = " + _nest("_max_nan", [f"m{i}{j}" for i in R]), 2)
+    # tl.minimum ignores NaN: the minimum is -inf exactly when one of its arguments is
+    s("k_hi = " + _nest("_max_nan", [f"f{i}" for i in R]), 2)
+    s("k_rlo = " + _nest("tl.minimum", [f"f{i}" for i in R]), 2)
+    s("k_clo = " + _nest("tl.minimum", [f"c{j}" for j in R]), 2)
+    s("k_ptr = p_flag + o_b * 0", 2)
+    conds = (
+        '(k_hi != k_hi) | (k_hi == float("inf"))',
+        'k_rlo == -float("inf")',
+        'k_clo == -float("inf")',
+    )
+    for k, cond in enumerate(conds):
+        s(f"k_bad = {cond}", 2)
+        s(f"tl.store(k_ptr + {k}, k_bad.to(tl.int8), mask=k_bad)", 2)
 
 
 def _nest(fn: str, args: list[str]) -> str:
@@ -238,21 +273,25 @@ def gen_small(
     LOOP_MAX and by the 44 KB of static shared memory that a program of `block` matrices may
     declare). This removes the instruction-cache stalls of the ~2,800-instruction straight-line
     kernel and the recomputation, for shared memory.
+
+    The forward takes the value check as a compile-time switch: with ``CHECK`` it computes the
+    row maxima with NaN propagated and sets the bytes of ``p_flag`` (:func:`_emit_check`);
+    without, ``p_flag`` is never touched.
     """
     log = variant == "log"
     R = range(n)
     s = _Src()
     s("@triton.jit", 0)
     s(
-        "def _sk_small_fwd_kernel(p_x, p_out, n_mat, eps, BLOCK: tl.constexpr, "
-        "FAST: tl.constexpr):",
+        "def _sk_small_fwd_kernel(p_x, p_out, p_flag, n_mat, eps, BLOCK: tl.constexpr, "
+        "FAST: tl.constexpr, CHECK: tl.constexpr):",
         0,
     )
     s("i_p = tl.program_id(0)")
     s("o_b = i_p.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)")
     s("m_b = o_b < n_mat")
     _emit_load(s, n, "p_x", "m")
-    _emit_setup(s, n, log)
+    _emit_setup(s, n, log, check=True)
     if not log:
         _emit_col(s, n, log, "a", "b", "b", pair=pair)
     rounds = n_iters if log else n_iters - 1

@@ -16,9 +16,14 @@ Two paths compute the same scaling-vector recursion as :mod:`.sk_torch` (see its
   states of up to HS half-steps in an on-chip [HS, NP] tile and, when there are more half-steps,
   recomputes each earlier segment from the logits (segment checkpointing, O(T²/HS) extra work).
 
-Neither path writes anything per matrix to HBM except the result. The generator options of the
-small backward (``TUNING.mhc_small_bwd``) and the HS cap of the general backward
-(``TUNING.mhc_gen_hs_max``) are read from :mod:`flashsinkhorn.tuning` at every launch.
+Neither path writes anything per matrix to HBM except the result. Both forwards can check the
+logits they load (compile-time ``CHECK``): they set the bytes of a small flag for NaN/+inf, a
+row or a column of -inf only (:mod:`.value_check`), and write nothing for good logits.
+
+The generator options of the small backward (``TUNING.mhc_small_bwd``) and the HS cap of the
+general backward (``TUNING.mhc_gen_hs_max``) are read from :mod:`flashsinkhorn.tuning` at every
+backward launch; the forward reads no switch (only the reciprocal pairing, a per-dtype
+constant, shapes it).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import triton.language as tl
 
 from .._direct_launch import DirectLaunch
 from .._triton_launch import FP_FUSION, cdiv, next_pow2
-from ..tuning import TUNING
+from ..tuning import TUNING, Tuning
 from .sk_codegen import gen_small
 
 __all__ = ["SMALL_CONFIG", "sk_backward_triton", "sk_forward_triton"]
@@ -76,6 +81,13 @@ def _rcp_nc(x, FAST: tl.constexpr):
         return 1.0 / x
 
 
+@triton.jit
+def _max_nan(a, b):
+    # NaN if either is NaN (tl.maximum's default returns the other operand): the value check
+    # reads a NaN logit off the row maximum
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
 # ---------------------------------------------------------------------------------------------
 # Small path: the generated kernels, compiled once per (n, n_iters, variant, options, block).
 # ---------------------------------------------------------------------------------------------
@@ -111,6 +123,7 @@ def _build_small_kernels(key, n, n_iters, variant, opts, block):
             "tl": tl,
             "_rcp": _rcp,
             "_rcp_nc": _rcp_nc,
+            "_max_nan": _max_nan,
             "__name__": "flashsinkhorn.mhc._gen",
         }
         exec(compile(src, fname, "exec"), ns)  # noqa: S102 - generated from our own template
@@ -147,7 +160,22 @@ def _gen_setup(p_x, i_m, n, eps, NP: tl.constexpr, LOG: tl.constexpr):
         b_a = tl.where(m_rc, b_e / b_s[:, None] + eps, 0.0)
         v_b = tl.where(m_c, 1.0, 0.0)
     v_a = tl.where(m_r, 1.0, 0.0)
-    return b_a, v_a, v_b, m_r, m_c, m_rc
+    return b_a, v_a, v_b, m_r, m_c, m_rc, b_m
+
+
+@triton.jit
+def _gen_check(p_flag, b_m, m_r, m_c):
+    """Sets the value-check bytes of one matrix in p_flag, as the small path does
+    (sk_codegen._emit_check); padded entries of b_m are -inf."""
+    r_max = tl.where(m_r, tl.reduce(b_m, 1, _max_nan), 0.0)
+    c_max = tl.where(m_c, tl.reduce(b_m, 0, _max_nan), 0.0)
+    hi = tl.reduce(r_max, 0, _max_nan)
+    bad = (hi != hi) | (hi == float("inf"))
+    tl.store(p_flag, bad.to(tl.int8), mask=bad)
+    bad = tl.min(r_max, 0) == -float("inf")
+    tl.store(p_flag + 1, bad.to(tl.int8), mask=bad)
+    bad = tl.min(c_max, 0) == -float("inf")
+    tl.store(p_flag + 2, bad.to(tl.int8), mask=bad)
 
 
 @triton.jit
@@ -172,10 +200,21 @@ def _gen_col(b_a, v_a, v_b, m_c, eps, LOG: tl.constexpr):
 
 @triton.jit
 def _sk_gen_fwd_kernel(
-    p_x, p_out, n, n_half, eps, FIRST: tl.constexpr, NP: tl.constexpr, LOG: tl.constexpr
+    p_x,
+    p_out,
+    p_flag,
+    n,
+    n_half,
+    eps,
+    FIRST: tl.constexpr,
+    NP: tl.constexpr,
+    LOG: tl.constexpr,
+    CHECK: tl.constexpr,
 ):
     i_m = tl.program_id(0).to(tl.int64)
-    b_a, v_a, v_b, m_r, m_c, m_rc = _gen_setup(p_x, i_m, n, eps, NP, LOG)
+    b_a, v_a, v_b, m_r, m_c, m_rc, b_m = _gen_setup(p_x, i_m, n, eps, NP, LOG)
+    if CHECK:
+        _gen_check(p_flag, b_m, m_r, m_c)
     for h in range(n_half):
         if (h + FIRST) % 2 == 0:
             v_a = _gen_row(b_a, v_a, v_b, m_r, eps, LOG)
@@ -201,7 +240,7 @@ def _sk_gen_bwd_kernel(
     LOG: tl.constexpr,
 ):
     i_m = tl.program_id(0).to(tl.int64)
-    b_a, v_a0, v_b0, m_r, m_c, m_rc = _gen_setup(p_x, i_m, n, eps, NP, LOG)
+    b_a, v_a0, v_b0, m_r, m_c, m_rc, _ = _gen_setup(p_x, i_m, n, eps, NP, LOG)
     o_r = tl.arange(0, NP)
     o_h = tl.arange(0, HS)
     p_off = i_m * n * n + o_r[:, None].to(tl.int64) * n + o_r[None, :]
@@ -300,45 +339,47 @@ SMALL_FWD_PAIR = {torch.float32: False, torch.float16: True, torch.bfloat16: Tru
 # Launchers of the small path, built once per compile-time configuration. A small batch costs
 # the GPU a few microseconds, Triton's argument binding several times that: DirectLaunch skips
 # the binding once a specialisation is compiled.
-# Forward: per (n, n_iters, variant, dtype, on the GPU, generator options, launch
-# configuration, pairing): (launcher, matrices per program).
+# Forward: per (n, n_iters, variant, dtype, on the GPU, launch configuration, pairing, value
+# check): (launcher, matrices per program).
 _FWD_LAUNCH: dict = {}
+# Of the generator options only the pairing shapes the forward (the others are the backward's):
+# the forward is generated from the defaults with the pairing set, so that a launch reads no
+# tuning switch (a context-variable read per call).
+_FWD_OPTS = {
+    pair: (*Tuning.mhc_small_bwd[:2], pair, *Tuning.mhc_small_bwd[3:]) for pair in (False, True)
+}
 
 
-def _small_fwd_launch(n: int, n_iters: int, variant: str, m: torch.Tensor):
-    opts = TUNING.mhc_small_bwd
-    if type(opts) is not tuple:
-        opts = tuple(opts)
+def _small_fwd_launch(n: int, n_iters: int, variant: str, m: torch.Tensor, check: bool = False):
     cfg = SMALL_CONFIG["fwd"]
-    pair = SMALL_FWD_PAIR.get(m.dtype, False)
-    key = (n, n_iters, variant, m.dtype, m.is_cuda, opts, cfg, pair)
+    dtype = m.dtype
+    pair = SMALL_FWD_PAIR.get(dtype, False)
+    key = (n, n_iters, variant, dtype, m.is_cuda, cfg, pair, check)
     hit = _FWD_LAUNCH.get(key)
     if hit is None:
-        opts = list(opts)
-        if len(opts) > 2:
-            opts[2] = bool(pair)
-        fwd, _ = _small_kernels(n, n_iters, variant, tuple(opts))
+        fwd, _ = _small_kernels(n, n_iters, variant, _FWD_OPTS[bool(pair)])
         block, kw = _launch_cfg(cfg, m)
         fast = m.is_cuda and not _interpreting()
-        launcher = DirectLaunch(fwd, **kw, **FP_FUSION, BLOCK=block, FAST=fast)
+        launcher = DirectLaunch(fwd, **kw, **FP_FUSION, BLOCK=block, FAST=fast, CHECK=check)
         hit = _FWD_LAUNCH[key] = (launcher, block)
     return hit
 
 
-# Backward: per (n, n_iters, variant, on the GPU, fast reciprocals, generator options, launch
-# configuration): (launcher, matrices per program).
+# Backward: per (n, n_iters, variant, on the GPU, generator options, launch configuration):
+# (launcher, matrices per program). Fast reciprocals follow from the device (the interpreter
+# is chosen before the kernels are defined), so the key leaves out the environment read.
 _BWD_LAUNCH: dict = {}
 
 
 def _small_bwd_launch(n: int, n_iters: int, variant: str, m: torch.Tensor):
     cfg = SMALL_CONFIG["bwd" if variant == "log" else "bwd_deepseek"]
-    opts = TUNING.mhc_small_bwd
+    opts = TUNING.mhc_small_bwd  # the one switch a backward call reads
     if type(opts) is not tuple:
         opts = tuple(opts)
-    fast = m.is_cuda and not _interpreting()
-    key = (n, n_iters, variant, m.is_cuda, fast, opts, cfg)
+    key = (n, n_iters, variant, m.is_cuda, opts, cfg)
     hit = _BWD_LAUNCH.get(key)
     if hit is None:
+        fast = m.is_cuda and not _interpreting()
         block, kw = _launch_cfg(cfg, m)
         looped = (opts[7:8] or (None,))[0] is not None
         if fast and variant == "log" and looped and block != 32 * kw["num_warps"]:
@@ -351,28 +392,41 @@ def _small_bwd_launch(n: int, n_iters: int, variant: str, m: torch.Tensor):
 
 
 def sk_forward_triton(
-    m: torch.Tensor, n_iters: int, variant: str, eps: float, path: str = "auto"
+    m: torch.Tensor,
+    n_iters: int,
+    variant: str,
+    eps: float,
+    path: str = "auto",
+    flag: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Forward projection on (B, n, n) contiguous logits; returns the input dtype."""
+    """Forward projection on (B, n, n) contiguous logits; returns the input dtype.
+
+    flag: int8 tensor of 4 zeros (:func:`.value_check.take_flag`) whose bytes the kernel sets
+    for logits without a projection (:mod:`.value_check`); None: no value check.
+    """
     bsz, n, _ = m.shape
     out = torch.empty_like(m)
     if bsz == 0:
         return out
     eps = 0.0 if variant == "log" else float(eps)
+    check = flag is not None
     if path == "small" or (path == "auto" and n <= 4):
-        fwd, block = _small_fwd_launch(n, n_iters, variant, m)
-        fwd((cdiv(bsz, block),), m, out, bsz, eps)
+        fwd, block = _small_fwd_launch(n, n_iters, variant, m, check)
+        # without a check the kernel never touches p_flag: the output stands in for it
+        fwd((cdiv(bsz, block),), m, out, flag if check else out, bsz, eps)
         return out
     first, n_half, np_, warps = _gen_meta(n, n_iters, variant)
     _sk_gen_fwd_kernel[(bsz,)](
         m,
         out,
+        flag if check else out,
         n,
         n_half,
         eps,
         FIRST=first,
         NP=np_,
         LOG=variant == "log",
+        CHECK=check,
         num_warps=warps,
         **FP_FUSION,
     )

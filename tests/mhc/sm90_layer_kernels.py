@@ -1,4 +1,4 @@
-"""Compiles every variant of the mHC layer's kernels and the small-path forward for sm_90
+"""Compiles every variant of the mHC layer's kernels and the projection's forwards for sm_90
 without a GPU; prints {"ok": true}, or {"skip": …} where this Triton's compile API differs.
 Run by tests/mhc/test_layer_ops.py in a fresh process (without TRITON_INTERPRET)."""
 
@@ -67,8 +67,14 @@ def main():
     for pair in (False, True):
         fwd, _ = sk_triton._small_kernels(4, 20, "log", (20, True, pair, 1, False, True, True, 10))
         for X in (P, B):
-            sig = {"p_x": X, "p_out": X, "n_mat": I, "eps": F}
-            comp(fwd, sig, {"BLOCK": 256, "FAST": True}, 8)
+            # with the value check, p_flag is the int8 flag; without, the output stands in
+            for check in (False, True):
+                sig = {"p_x": X, "p_out": X, "p_flag": "*i8" if check else X, "n_mat": I, "eps": F}
+                comp(fwd, sig, {"BLOCK": 256, "FAST": True, "CHECK": check}, 8)
+    for check in (False, True):
+        sig = {"p_x": P, "p_out": P, "p_flag": "*i8" if check else P, "n": I, "n_half": I}
+        consts = {"FIRST": 0, "NP": 8, "LOG": True, "CHECK": check}
+        comp(sk_triton._sk_gen_fwd_kernel, {**sig, "eps": F}, consts, 1)
     print(json.dumps({"ok": True}))
 
 

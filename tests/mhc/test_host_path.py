@@ -145,7 +145,7 @@ def test_forward_reciprocal_schemes(device, monkeypatch, pair):
     ph = sk_triton.sk_forward_triton(m.to(torch.bfloat16), 20, "log", 0.0)
     expect16 = sinkhorn_knopp_reference_float(m.to(torch.bfloat16).float())
     torch.testing.assert_close(ph.double().cpu(), expect16, rtol=0, atol=1e-2)
-    assert any(key[-1] is pair for key in sk_triton._FWD_LAUNCH)
+    assert any(key[-2] is pair for key in sk_triton._FWD_LAUNCH)  # (..., pairing, check)
 
 
 def _small_launches(m, g, variant, eps, backward=True):
@@ -159,7 +159,7 @@ def _small_launches(m, g, variant, eps, backward=True):
     p = sk_triton.sk_forward_triton(m, 20, variant, eps)
     fwd, block = sk_triton._small_fwd_launch(4, 20, variant, m)
     p_ref = torch.empty_like(m)
-    fwd.kernel[(cdiv(bsz, block),)](m, p_ref, bsz, float(eps), **fwd.meta)
+    fwd.kernel[(cdiv(bsz, block),)](m, p_ref, p_ref, bsz, float(eps), **fwd.meta)
     if not backward:
         return (p, None), (p_ref, None), (fwd,)
     dm = sk_triton.sk_backward_triton(m, g, 20, variant, eps)
