@@ -25,6 +25,8 @@ from typing import TypeVar
 
 import torch
 
+from . import tuning
+
 F = TypeVar("F", bound=Callable)
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -77,12 +79,14 @@ def entry_point(fn: F) -> F:
 
 
 def backward_autocast_off(backward: F) -> F:
-    """Runs an ``autograd.Function.backward`` with autocast disabled: a backward called inside
-    an autocast region would otherwise run the transport matmuls in half precision."""
+    """Runs an ``autograd.Function.backward`` with autocast disabled (a backward called inside
+    an autocast region would otherwise run the transport matmuls in half precision) and with
+    the tuning switches of its forward where torch gives its device thread no others
+    (``tuning.keep_for_backward``, called by the forward)."""
 
     @functools.wraps(backward)
-    def wrapper(*args, **kwargs):
-        with autocast_off():
-            return backward(*args, **kwargs)
+    def wrapper(ctx, *args, **kwargs):
+        with autocast_off(), tuning.in_backward(ctx):
+            return backward(ctx, *args, **kwargs)
 
     return wrapper

@@ -184,6 +184,36 @@ def _checked(name: str, value: object) -> object:
     return value
 
 
+def keep_for_backward(ctx) -> None:
+    """Keeps on an ``autograd.Function``'s ``ctx`` the switches set in the forward's context:
+    a torch that does not hand the context that called ``backward`` to its device threads
+    (before 2.13) then runs the backward with them (:func:`in_backward`)."""
+    if _SET_SOMEWHERE:
+        got = _SWITCHES.get(None)
+        if got is not None:
+            ctx.tuning_switches = got
+
+
+@contextlib.contextmanager
+def in_backward(ctx) -> Iterator[None]:
+    """The switches of a backward: this thread's own, else the launching context's, else
+    those :func:`keep_for_backward` kept at forward, else the defaults."""
+    kept = getattr(ctx, "tuning_switches", None)
+    launch = None if kept is None else _launching_context()
+    if (
+        kept is None
+        or _SWITCHES.get(None) is not None
+        or (launch is not None and launch.get(_SWITCHES) is not None)
+    ):
+        yield
+        return
+    token = _SWITCHES.set(kept)
+    try:
+        yield
+    finally:
+        _SWITCHES.reset(token)
+
+
 @contextlib.contextmanager
 def override(**changes) -> Iterator[_InForce]:
     """Sets some switches for the duration of a ``with`` block in this context (thread or

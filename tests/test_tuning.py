@@ -100,8 +100,59 @@ def test_attribute_writes_are_checked_and_scoped_to_the_context():
             pass
 
 
+def _torch_hands_over_the_context() -> bool:
+    """Whether this torch keeps the context that called ``backward`` in the thread state its
+    device threads read (a CPU backward runs on the calling thread, with the same stash)."""
+    found = []
+
+    class Look(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            try:
+                found.append(bool(torch._C._is_key_in_tls("context")))
+            except (AttributeError, RuntimeError):
+                found.append(False)
+            return g
+
+    Look.apply(torch.ones(1, requires_grad=True)).sum().backward()
+    return found == [True]
+
+
+@pytest.mark.gpu
+def test_an_override_around_a_cuda_backward_reaches_the_library_functions():
+    # the library's functions keep the forward's switches for a torch that hands its device
+    # threads no context (tuning.keep_for_backward, read by backward_autocast_off)
+    from flashsinkhorn._boundary import backward_autocast_off
+
+    seen = []
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            tuning.keep_for_backward(ctx)
+            return x * 2.0
+
+        @staticmethod
+        @backward_autocast_off
+        def backward(ctx, g):
+            seen.append(TUNING.fp16_grad)
+            return g * 2.0
+
+    x = torch.ones(4, device="cuda", requires_grad=True)
+    with tuning.override(fp16_grad=False):
+        Probe.apply(x).sum().backward()
+    Probe.apply(x).sum().backward()
+    assert seen == [False, True]
+
+
 @pytest.mark.gpu
 def test_an_override_around_a_cuda_backward_reaches_its_function():
+    if not _torch_hands_over_the_context():
+        pytest.skip(f"torch {torch.__version__} hands its device threads no launching context")
     seen = []
 
     class Probe(torch.autograd.Function):
@@ -119,3 +170,29 @@ def test_an_override_around_a_cuda_backward_reaches_its_function():
         Probe.apply(x).sum().backward()
     Probe.apply(x).sum().backward()
     assert seen == [False, True]
+
+
+def test_a_backward_without_a_launching_context_runs_with_the_forward_switches():
+    from flashsinkhorn._boundary import backward_autocast_off
+
+    seen = []
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            tuning.keep_for_backward(ctx)
+            return x * 2.0
+
+        @staticmethod
+        @backward_autocast_off
+        def backward(ctx, g):
+            seen.append(TUNING.fp16_grad)
+            return g * 2.0
+
+    with tuning.override(fp16_grad=False):
+        y = Probe.apply(torch.ones(3, requires_grad=True)).sum()
+    # a thread of its own, with no switches (and a launching context without any): the
+    # forward's hold
+    _in_thread(y.backward)
+    assert seen == [False]
+    assert TUNING.fp16_grad is True

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import limits
+from .. import limits, tuning
 from .._boundary import backward_autocast_off
 from ..problem import stack_sides, stackable
 from .double_backward import EnvelopeGrad, hvp_settings
@@ -36,6 +36,7 @@ class DivergenceFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, y, a, b, terms, hvp_options, label_cost, label_weight, second_order):
+        tuning.keep_for_backward(ctx)
         xy, xx, yy = terms
         ctx.terms = terms
         ctx.hvp_options = hvp_options

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import tuning
 from .._boundary import backward_autocast_off
 from ..hessian.joint import TransportHessian
 from ..options import HVPOptions
@@ -55,6 +56,7 @@ class EnvelopeGrad(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, y, a, b, grad_out, res, need_x, need_y, options):
+        tuning.keep_for_backward(ctx)
         sol = res.solution
         problem, impl = sol.problem, sol.backend
         go = grad_out.detach().reshape(-1).to(problem.dtype)

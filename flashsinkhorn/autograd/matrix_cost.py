@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import tuning
 from .._boundary import backward_autocast_off
 from ..backends.matrix import dense_plan
 from .guard import guard_second_order
@@ -33,6 +34,7 @@ class MatrixCostFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, C, a, b, sol, value):
+        tuning.keep_for_backward(ctx)
         ctx.sol = sol
         ctx.save_for_backward(C, a, b)
         return value.clone()

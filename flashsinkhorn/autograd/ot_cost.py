@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import limits
+from .. import limits, tuning
 from .._boundary import backward_autocast_off
 from ..result import SinkhornResult, Solution
 from .double_backward import EnvelopeGrad, hvp_settings
@@ -72,6 +72,7 @@ class OTCostFunction(torch.autograd.Function):
         ctx, x, y, a, b, res, hvp_options=None, label_cost=None, label_weight=1.0,
         second_order=True,
     ):  # fmt: skip
+        tuning.keep_for_backward(ctx)
         ctx.res = res
         ctx.hvp_options = hvp_options
         ctx.label_weight = label_weight

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import limits
+from .. import limits, tuning
 from .._boundary import backward_autocast_off
 from ..hessian.joint import TransportHessian
 from ..options import HVPOptions
@@ -143,6 +143,7 @@ class SamplesLossFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, y, a, b, spec: GeomLossSpec, loop):
+        tuning.keep_for_backward(ctx)
         problem = loop.problem
         with torch.no_grad():
             value = _value(problem, loop, spec)
@@ -232,6 +233,7 @@ class _SamplesPointsGrad(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, y, a, b, grad_out, fctx, need_x, need_y):
+        tuning.keep_for_backward(ctx)
         problem = fctx.problem
         Gx, Gy = _points_grads(fctx, need_x, need_y)
         go = grad_out.detach().reshape(-1).to(problem.dtype)
