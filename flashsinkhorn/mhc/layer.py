@@ -118,12 +118,13 @@ class HyperConnection(HyperConnectionReference):
         layer_idx: int | None = None,
     ) -> None:
         dim, n_streams, n_iters, eps, rms_eps, alpha_init = check_layer_args(
-            dim, n_streams, n_iters, variant, eps, rms_eps, alpha_init, dtype
+            dim, n_streams, n_iters, variant, eps, rms_eps, alpha_init, dtype, self._count_names
         )
         check_choice("gemm_precision", gemm_precision, ("tf32", "ieee"))
         check_choice("backend", backend, BACKENDS)
         if backend == "triton" and n_streams * n_streams + 2 * n_streams > 64:
-            raise ValueError(f"backend='triton' supports n_streams <= 7, got {n_streams}")
+            name = self._count_names[0]
+            raise ValueError(f"backend='triton' supports {name} <= 7, got {n_streams}")
         super().__init__(
             dim, n_streams, n_iters, variant, eps, rms_eps, alpha_init, device, dtype,
             dynamic=dynamic, pre_activation=pre_activation, layer_idx=layer_idx,
@@ -244,6 +245,8 @@ class SplitHyperConnection(HyperConnection):
             ``rms_eps``, ``alpha_init``, ``gemm_precision``, ``backend``, ``device``,
             ``dtype``).
     """
+
+    _count_names = ("num_streams", "sinkhorn_iters")
 
     def __init__(
         self,

@@ -52,16 +52,20 @@ def sinkhorn_knopp_reference(
 
 
 def check_layer_args(
-    dim, n_streams, n_iters, variant, eps, rms_eps, alpha_init, dtype
-) -> tuple[int, int, int, float, float, float]:
+    dim, n_streams, n_iters, variant, eps, rms_eps, alpha_init, dtype,
+    names: tuple[str, str] = ("n_streams", "n_iters"),
+) -> tuple[int, int, int, float, float, float]:  # fmt: skip
     """Validates the hyper-connection arguments shared by both layers.
+
+    ``names``: the caller's names of the stream and iteration counts, for the messages
+    (``SplitHyperConnection`` calls them ``num_streams`` and ``sinkhorn_iters``).
 
     Returns:
         ``(dim, n_streams, n_iters, eps, rms_eps, alpha_init)`` as Python numbers.
     """
     dim = V.check_int("dim", dim, 1)
-    n_streams = V.check_int("n_streams", n_streams, 1)
-    n_iters = V.check_int("n_iters", n_iters, 1)
+    n_streams = V.check_int(names[0], n_streams, 1)
+    n_iters = V.check_int(names[1], n_iters, 1)
     V.check_choice("variant", variant, ("log", "deepseek"))
     eps = V.check_nonnegative("eps", eps)
     # rms_eps > 0: an all-zero token would otherwise divide 0 by 0.
@@ -160,6 +164,9 @@ class HyperConnectionReference(nn.Module):
     (no φ and no α parameters), H_pre = σ(b[:n]) etc., shared by all tokens.
     """
 
+    #: The public names of the stream and iteration counts, for argument errors.
+    _count_names = ("n_streams", "n_iters")
+
     def __init__(
         self,
         dim: int,
@@ -178,7 +185,7 @@ class HyperConnectionReference(nn.Module):
     ) -> None:
         super().__init__()
         dim, n_streams, n_iters, eps, rms_eps, alpha_init = check_layer_args(
-            dim, n_streams, n_iters, variant, eps, rms_eps, alpha_init, dtype
+            dim, n_streams, n_iters, variant, eps, rms_eps, alpha_init, dtype, self._count_names
         )
         dynamic, pre_activation, layer_idx = check_layer_options(dynamic, pre_activation, layer_idx)
         n = n_streams

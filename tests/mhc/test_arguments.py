@@ -192,3 +192,21 @@ def test_minus_inf_entries_are_zeros(device):
 def test_meta_logits_give_meta_shapes():
     out = sinkhorn_knopp(torch.zeros(2, 3, 3, device="meta"))
     assert out.device.type == "meta" and out.shape == (2, 3, 3)
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(num_streams=0), "num_streams must be >= 1"),
+        (dict(num_streams=True), "num_streams must be an int"),
+        (dict(sinkhorn_iters=0), "sinkhorn_iters must be >= 1"),
+        (dict(num_streams=8, backend="triton"), "supports num_streams <= 7"),
+    ],
+)
+def test_split_layer_errors_name_its_own_arguments(kw, match):
+    # SplitHyperConnection calls the counts num_streams and sinkhorn_iters: its errors must
+    # not name HyperConnection's n_streams / n_iters, which its caller never passed.
+    from flashsinkhorn.mhc import SplitHyperConnection
+
+    with pytest.raises((ValueError, TypeError), match=match):
+        SplitHyperConnection(8, **kw)
