@@ -445,3 +445,13 @@ def test_augment_labels():
         augment_labels(l1[None], l2)
     with pytest.raises(TypeError, match="l2 must have an integer dtype"):
         augment_labels(l1, l2.float())
+
+
+@pytest.mark.parametrize("which", ["l1", "l2"])
+def test_augment_labels_refuses_a_meta_tensor(which):
+    # A meta tensor has no values to read: the error names the argument (it failed inside
+    # torch's item() before).
+    labels = {"l1": torch.tensor([0, 1]), "l2": torch.tensor([1, 0, 0])}
+    labels[which] = torch.zeros(3, dtype=torch.long, device="meta")
+    with pytest.raises(ValueError, match=f"{which} is a meta tensor"):
+        augment_labels(labels["l1"], labels["l2"])

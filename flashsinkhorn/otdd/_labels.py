@@ -48,6 +48,11 @@ def check_labels(name: str, l: object, x: torch.Tensor | None, num_classes: int 
         raise TypeError(f"{name} must be a torch.Tensor of integer class labels, got {type(l)}")
     if l.dtype == torch.bool or l.is_floating_point() or l.is_complex():
         raise TypeError(f"{name} must have an integer dtype (e.g. torch.int64), got {l.dtype}")
+    if l.device.type == "meta":
+        raise ValueError(
+            f"{name} is a meta tensor (a shape without data): class labels are read, pass a "
+            "tensor on the CPU or a CUDA device"
+        )
     if x is None:
         if l.dim() != 1 or l.numel() == 0:
             raise ValueError(f"{name} must be 1-D (n,) and non-empty, got shape {tuple(l.shape)}")
