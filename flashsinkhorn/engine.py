@@ -274,6 +274,8 @@ def solve_matrix(C: torch.Tensor, a, b, opts: SinkhornOptions) -> SinkhornResult
         # squared distances of two clouds it is sinkhorn()'s ladder from their largest distance.
         diameter = None if scale is None else math.sqrt(scale)
         eps_list = eps_schedule(opts.eps, opts.scaling, diameter)
+        # the range checks, plan floor and large-eps soft-min of every other solve
+        problem, _, _ = admit(problem, opts, eps_list=eps_list)
         state, value = run(problem, impl, eps_list, opts)
     # imported here: the autograd package imports hessian/, whose public half imports this
     # module (the import points down, docs/architecture.md; only the order is circular)

@@ -56,7 +56,9 @@ def _name(dtype: torch.dtype) -> str:
 
 def _or_float64(problem: Problem) -> str:
     """The advice to switch to float64, where it is not the dtype already."""
-    return "" if problem.dtype == torch.float64 else " or pass float64 points"
+    if problem.dtype == torch.float64:
+        return ""
+    return " or pass C in float64" if problem.cost == "matrix" else " or pass float64 points"
 
 
 def _live(problem: Problem) -> bool:
@@ -103,7 +105,9 @@ def cost_range(problem: Problem) -> float:
     of both clouds that carry mass) plus the largest label cost; for a given cost matrix
     (``flashsinkhorn.solve``), the spread max C − min C of its entries."""
     if problem.cost == "matrix":
-        C = problem.X.x  # the rows of C (backends/matrix.py)
+        if problem.stats is not None:
+            return problem.stats.box2  # read with C's value checks (backends/matrix.py)
+        C = problem.X.x  # the rows of C
         return float(C.amax() - C.amin())
     box2 = _scales(problem)[0]
     power = kernel_costs.power(problem.cost)
@@ -131,10 +135,11 @@ def check_plan(problem: Problem, eps: float, what: str) -> None:
         return
     name = _name(problem.dtype)
     ratio = PLAN_FLOOR_ULPS * _finfo(problem).eps
+    scale = "(max C − min C)" if problem.cost == "matrix" else "diameter²"
     raise ValueError(
         f"eps={eps:.3g} is too small for {what} in {name}: {name} potentials resolve the "
-        f"transport plan only for eps >= {ratio:.2g}·diameter² = {floor:.3g} here (rounding "
-        f"of the potentials and costs enters the plan as exp(±u·diameter²/eps)); pass a "
+        f"transport plan only for eps >= {ratio:.2g}·{scale} = {floor:.3g} here (rounding "
+        f"of the potentials and costs enters the plan as exp(±u·{scale}/eps)); pass a "
         f"larger eps{_or_float64(problem)} (docs/precision.md)"
     )
 
@@ -156,16 +161,26 @@ def check_range(problem: Problem, eps_list: list[float], names=("rho_x", "rho_y"
     if st is None or not (math.isfinite(st.amax) and math.isfinite(st.mass)):
         return  # non-finite input passed with check_finite=False: the caller opted out
     top = fi.max / HEADROOM
-    d = problem.X.x.shape[-1]
-    sq = st.sq_max if st.sq_max is not None else d * st.amax**2
-    if not 4.0 * sq <= top and st.sq_max is None:
-        sq = _sq_max(problem)
-    if not 4.0 * sq <= top:
-        raise ValueError(
-            f"x and y are too large for {name}: squared distances reach {4.0 * sq:.3g} "
-            f"(largest centred coordinate {st.amax:.3g}), above {top:.3g}; rescale the points "
-            f"(the cost scales with their square){_or_float64(problem)}"
-        )
+    if problem.cost == "matrix":
+        cost_max = st.amax  # largest |C_ij| (backends/matrix.py)
+        if not 2.0 * cost_max <= top:
+            raise ValueError(
+                f"C is too large for {name}: its entries reach {cost_max:.3g}, and potentials "
+                f"minus costs must stay below {top:.3g}; rescale C (the value scales with "
+                f"it){_or_float64(problem)}"
+            )
+    else:
+        d = problem.X.x.shape[-1]
+        sq = st.sq_max if st.sq_max is not None else d * st.amax**2
+        if not 4.0 * sq <= top and st.sq_max is None:
+            sq = _sq_max(problem)
+        if not 4.0 * sq <= top:
+            raise ValueError(
+                f"x and y are too large for {name}: squared distances reach {4.0 * sq:.3g} "
+                f"(largest centred coordinate {st.amax:.3g}), above {top:.3g}; rescale the "
+                f"points (the cost scales with their square){_or_float64(problem)}"
+            )
+        cost_max = 4.0 * sq
     mass = max(st.mass, 1.0)
     if not mass * mass <= top:
         raise ValueError(
@@ -173,7 +188,7 @@ def check_range(problem: Problem, eps_list: list[float], names=("rho_x", "rho_y"
             f"mass a⊗b overflow ({mass * mass:.3g} > {top:.3g}); rescale the weights (the value "
             f"scales with them){_or_float64(problem)}"
         )
-    lo = max(fi.tiny, HEADROOM * 4.0 * sq / top)
+    lo = max(fi.tiny, HEADROOM * cost_max / top)
     hi = top / (mass * mass)
     for eps in (min(eps_list), max(eps_list)):
         if eps < lo:
@@ -214,6 +229,10 @@ def large_eps_sides(problem: Problem, eps_max: float) -> Problem:
     coordinate cannot rule the expansion out.
     """
     st = problem.stats
+    if problem.cost == "matrix":
+        # the scores p_j − C_ij of a row spread over about max C − min C
+        th = LARGE_EPS_RATIO * cost_range(problem)
+        return problem if eps_max < th else _with_large_eps(problem, th)
     if st is not None and math.isfinite(st.amax) and not _live(problem):
         if eps_max < LARGE_EPS_RATIO * _spread(problem, st.amax**2):
             return problem
@@ -223,6 +242,10 @@ def large_eps_sides(problem: Problem, eps_max: float) -> Problem:
     th = LARGE_EPS_RATIO * _spread(problem, sq)
     if eps_max < th:
         return problem
+    return _with_large_eps(problem, th)
+
+
+def _with_large_eps(problem: Problem, th: float) -> Problem:
     X = replace(problem.X, large_eps=th)
     Y = X if problem.Y is problem.X else replace(problem.Y, large_eps=th)
     return replace(problem, X=X, Y=Y)
@@ -244,3 +267,34 @@ def admit(problem: Problem, eps_list: list[float], *, tol, names=("rho_x", "rho_
     if tol is not None:
         check_plan(problem, eps_list[-1], f"the convergence test (tol={tol:g})")
     return large_eps_sides(problem, max(eps_list))
+
+
+def check_divergence(problem: Problem, eps: float, tol: float | None) -> None:
+    """Raises when the three terms of a balanced divergence cannot resolve their difference.
+
+    Each term's value carries the mass term eps·M(M − 1) of weights of mass M (exactly 0 for
+    uniform weights, whose nominal mass is 1); the divergence subtracts three such terms, so
+    their rounding u·eps·M|M − 1| must stay below the solver's own accuracy tol·M·(cost
+    range), or the result is rounding noise (it came out exactly 0 for weights of mass 2e19
+    at eps = 0.5 in float64). Reads host statistics only.
+
+    Raises:
+        ValueError: naming a and b, eps and the dtype.
+    """
+    st = problem.stats
+    X, Y = problem.X, problem.Y
+    if st is None or X.rho is not None or (X.unit_mass and Y.unit_mass):
+        return
+    mass = st.mass
+    lost = _finfo(problem).eps * eps * mass * abs(mass - 1.0)
+    scale = st.box2 if kernel_costs.power(problem.cost) == 2 else math.sqrt(st.box2)
+    resolved = (1e-3 if tol is None else tol) * mass * scale
+    if lost <= resolved:
+        return
+    name = _name(problem.dtype)
+    raise ValueError(
+        f"a and b carry a total mass of {mass:.3g}: at eps={eps:.3g} the mass term eps·M(M − 1) "
+        f"of each term of the divergence is rounded by {lost:.3g} in {name}, more than the "
+        f"divergence resolves (tol·M·cost range = {resolved:.3g}); rescale the weights to "
+        f"mass 1 or pass a smaller eps"
+    )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import tuning
+from .. import limits, tuning
 from .._boundary import backward_autocast_off
 from ..backends.matrix import dense_plan
 from .guard import guard_second_order
@@ -50,6 +50,7 @@ class MatrixCostFunction(torch.autograd.Function):
         with torch.no_grad():
             go = grad_out.reshape(-1).to(problem.dtype)
             if need[0]:
+                limits.check_plan(problem, sol.eps, "the gradient with respect to C")
                 P = dense_plan(problem, sol.f, sol.g, sol.eps)
                 gC = problem.unbatch(P.mul_(go[:, None, None])).to(C.dtype)
             if need[1] and a is not None:

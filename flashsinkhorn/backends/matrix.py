@@ -17,14 +17,16 @@ blocks of C (any device, float32 or float64), with no Triton kernel.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
 from .. import _validation as V
-from ..problem import Checks, Problem, Side, check_values
+from ..problem import Checks, Problem, Side, Stats, check_values
 from . import torch_ref
 from .base import Backend, Capabilities
 from .blocks import CHUNK_ELEMENTS, row_chunks
+from .torch_ref import expanded_softmin
 
 #: ``Side.cost`` of a cost-matrix problem.
 MATRIX = "matrix"
@@ -73,12 +75,15 @@ def prepare_matrix(
     stats = [*torch.aminmax(Cb)]
     for _, w in given:
         stats += [*torch.aminmax(w), w.sum(-1).min()]
+    # the largest total mass, for the range checks (limits.py)
+    stats.append(torch.maximum(wa.sum(-1).max(), wb.sum(-1).max()))
     if checks.gap:
         ma, mb = wa.sum(-1), wb.sum(-1)
         stats.append(((ma - mb).abs() / torch.maximum(ma, mb)).max())
     vals = torch.stack(stats).tolist()
     lo, hi = vals[0], vals[1]
     per = {nm: vals[2 + 3 * k : 5 + 3 * k] for k, (nm, _) in enumerate(given)}
+    mass = vals[2 + 3 * len(given)]
     check_values(per, vals[-1] if checks.gap else 0.0, 0.0, checks, None, None)
     # An inf entry would make the soft-mins inf − inf = NaN, and the check costs no extra
     # synchronisation: it always runs.
@@ -86,9 +91,16 @@ def prepare_matrix(
         raise ValueError("C must not contain NaN or inf")
     null_a = "a" in per and per["a"][0] == 0
     null_b = "b" in per and per["b"][0] == 0
-    side_x = _side(Cb, wa, rho_x, null_a)
-    side_y = _side(Cb.transpose(1, 2), wb, rho_y, null_b)
-    return Problem(side_x, side_y, batched, "ieee"), hi - lo
+    # Uniform weights have mass exactly 1 and a balanced problem one mass (as in ``prepare``):
+    # at large eps the soft-min's eps·ln M and the value's mass term meet the same M.
+    side_x = _side(Cb, wa, rho_x, null_a, a is None)
+    side_y = _side(Cb.transpose(1, 2), wb, rho_y, null_b, b is None)
+    if balanced:
+        side_y = replace(side_y, unit_mass=a is None, mass_of=None if a is None else side_x.w)
+    # A matrix problem's statistics (limits.py): amax the largest |C_ij|, box2 the spread
+    # max C − min C (the role of diameter²), mass the largest total mass.
+    stats = Stats(amax=max(abs(lo), abs(hi)), box2=hi - lo, mass=mass)
+    return Problem(side_x, side_y, batched, "ieee", stats=stats), hi - lo
 
 
 def _weights(w: torch.Tensor | None, B: int, k: int, C: torch.Tensor) -> torch.Tensor:
@@ -97,9 +109,9 @@ def _weights(w: torch.Tensor | None, B: int, k: int, C: torch.Tensor) -> torch.T
     return w.detach().to(C.dtype).expand(B, k).contiguous()
 
 
-def _side(rows: torch.Tensor, w: torch.Tensor, rho: float | None, has_null: bool) -> Side:
+def _side(rows, w: torch.Tensor, rho: float | None, has_null: bool, unit: bool) -> Side:
     sq = torch.zeros(w.shape, dtype=w.dtype, device=w.device)
-    return Side(rows, sq, w, w.log(), rho, has_null=has_null, cost=MATRIX)
+    return Side(rows, sq, w, w.log(), rho, has_null=has_null, cost=MATRIX, unit_mass=unit)
 
 
 def col_scores(rows: Side, sl: slice, cols: Side, col_pot, eps: float):
@@ -137,8 +149,13 @@ class MatrixBackend(Backend):
         B, n, m = rows.x.shape
         T = torch.empty_like(rows.sq)
         h = cols.logw[:, None, :]
+        large = eps >= rows.large_eps
         for sl in row_chunks(B, n, m, self.chunk_elements):
             z = (col_pot[:, None, :] - rows.x[:, sl]) / eps + h
+            if large:  # about the mean score: exp(z) of near-equal z loses the cost
+                zero = torch.zeros_like(T[:, sl])
+                T[:, sl] = expanded_softmin(rows, sl, cols, col_pot, eps, z, zero, rows.x[:, sl])
+                continue
             T[:, sl] = -eps * torch.logsumexp(z, dim=2)
         out = beta * T if alpha == 0.0 else alpha * old + beta * T
         return out, (T if want_raw else None)
