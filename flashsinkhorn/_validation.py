@@ -268,11 +268,11 @@ def check_matrix_weights(name: str, w: object, C: torch.Tensor, dim: int) -> tor
     return w
 
 
-def check_progress(progress: object, tol: object) -> bool | Callable | None:
+def check_progress(progress: object) -> bool | Callable | None:
     """``progress``: None/False (off), True (a progress bar) or a callable(iteration, error).
 
-    The report comes at the convergence tests, so it needs a tolerance: with ``tol=None`` it
-    would never be called, and is refused.
+    The report comes at the convergence tests, so it needs a tolerance: the refusal of
+    ``tol=None`` with it is ``option_table.check_combination``'s.
     """
     if progress is None or progress is False:
         return None
@@ -280,10 +280,5 @@ def check_progress(progress: object, tol: object) -> bool | Callable | None:
         raise TypeError(
             "progress must be None, a bool, or a callable progress(iteration, error); got "
             f"{describe(progress)}"
-        )
-    if tol is None:
-        raise ValueError(
-            "progress reports the marginal error at each convergence test, and tol=None runs "
-            "without tests: give a tolerance (e.g. tol=1e-6) or leave progress=None"
         )
     return progress

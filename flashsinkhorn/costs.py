@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from . import _validation as V
+from .option_table import defaults
 
 #: Public cost name → the kernel cost of its transformed points (backends/kernel_costs.py
 #: holds each kernel cost's kind and formulas).
@@ -31,15 +32,7 @@ KERNEL_COST_OF = {"sqeuclidean": "sqeuclidean", "euclidean": "euclidean", "cosin
 COSTS = tuple(KERNEL_COST_OF)
 
 #: Keyword arguments of the cost and their defaults (the API of ``sinkhorn`` and the losses).
-COST_DEFAULTS = {
-    "cost": "sqeuclidean",
-    "feature_map": None,
-    "label_x": None,
-    "label_y": None,
-    "label_cost": None,
-    "feature_weight": 1.0,
-    "label_weight": 1.0,
-}
+COST_DEFAULTS = defaults("cost")
 
 SECOND_ORDER_COST_MESSAGE = (
     "flashsinkhorn: second derivatives (hvp, HessianOperator, double backward) are implemented "

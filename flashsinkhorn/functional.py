@@ -15,12 +15,14 @@ from ._convergence import report, warn_unconverged
 from ._numpy import numpy_io
 from .costs import transform_points
 from .engine import solve_matrix, solve_points
+from .option_table import document_options
 from .options import SinkhornOptions, public_options
 from .result import SinkhornResult
 
 
 @entry_point
 @numpy_io(("x", "y", "a", "b", "feature_map", "label_x", "label_y", "label_cost"))
+@document_options()
 def sinkhorn(
     x: torch.Tensor,
     y: torch.Tensor,
@@ -65,71 +67,7 @@ def sinkhorn(
         y: (m, d) or (B, m, d) target points, same dtype and device as ``x``.
         a: weights of ``x``, (n,) or (B, n), non-negative; default uniform 1/n.
         b: weights of ``y``, (m,) or (B, m); default uniform 1/m.
-        eps: entropic regularisation, > 0, in units of the cost (squared distance).
-        n_iters: iterations at the target eps (the maximum when ``tol`` is set). Default 1000.
-        tol: stop when ‖P1 − a‖₁ + ‖Pᵀ1 − b‖₁ <= tol for every problem of the batch; None
-            runs exactly ``n_iters`` iterations (benchmark mode). Default 1e-3.
-        check_every: iterations between two convergence tests (the only host
-            synchronisations of the loop). Default 10.
-        schedule: "auto" (default), "symmetric" (averaged Jacobi updates, one fused launch
-            per iteration) or "alternating" (Gauss–Seidel). "auto" is "alternating" when
-            ``tol`` is set and "symmetric" for a fixed number of iterations (docs/convergence.md).
-        acceleration: "auto" (default), "none", "overrelax" (f ← (1 − ω) f + ω T(g), ω from
-            ``omega``) or "anderson" (Anderson mixing of the potentials, with a safeguard that
-            takes the plain step when a mixed iterate raises the error). "auto" is "anderson"
-            for the alternating schedule with a tolerance and "none" otherwise.
-        omega: over-relaxation factor in (0, 2) for ``acceleration="overrelax"``; None
-            (default) estimates it per problem from the observed error decay.
-        anderson_memory: past iterates mixed by Anderson acceleration (>= 1). Default 5.
-        scaling: "auto" (default), None or a value in (0, 1). A value first anneals eps from
-            ``diameter²`` down to ``eps``, dividing it by ``scaling²`` each iteration; None
-            keeps eps fixed; "auto" anneals (0.5, or 0.7 below eps/diameter² = 1e-5) only
-            when ``tol`` is set and eps/diameter² < 1e-3.
-        diameter: largest distance between points, for annealing; estimated from the
-            bounding box of both clouds when None.
-        rho_x: KL relaxation strength of the x marginal (unbalanced OT); None is a hard
-            constraint.
-        rho_y: the same for the y marginal; one of the two alone gives semi-unbalanced OT.
-        backend: "auto" (Triton for CUDA tensors, torch otherwise), "torch" or "triton".
-            On CPU tensors "auto" stores the stabilised kernel exp((f + g − C)/eps) once per
-            eps and iterates matrix–vector products where it fits 1 GiB
-            (``result.path == "kernel"``, docs/cpu.md); "torch" is the log-domain soft-min.
-        precision: dot-product precision of the kernels: "ieee" (exact fp32), "tf32" (points
-            rounded to TF32, then exact products: a 2^-11 relative perturbation of the
-            centred coordinates), "tf32x3" (fp32-accurate: float16 hi/lo parts of the
-            points, three exact tensor-core products per score), or "auto"
-            ("tf32" for fp32 Triton solves, "ieee" otherwise).
-        check_finite: check the inputs for NaN/inf (one synchronisation). Default True.
-        path: how the Triton backend reads the cost: "streaming" (x·yᵀ tiles recomputed
-            each half-step, O((n + m) d) memory), "dense" (K = x yᵀ built once, then only
-            streamed: faster at large d, O(B n m) memory) or "auto" (dense for d >= 256 when
-            K fits in memory; "multiscale" for d <= 3, B·n·m >= 1e10 and eps <= 1e-3·
-            diameter² with a tolerance). ``result.path`` says which ran. Non-default costs
-            and labels use the streaming kernels only (``path="dense"`` is then a
-            ValueError). "multiscale" (any backend, d <= 3, float32/float64, the plain
-            squared Euclidean cost): Morton clustering, a coarse annealed solve on cell
-            centroids and block-sparse fine soft-mins that skip tile pairs whose bound of the
-            plan's mass is negligible; ``marginal_error`` is then an upper bound of the
-            untruncated plan's error (docs/multiscale.md).
-        progress: None (default), True or a callable. True shows a progress bar on stderr
-            (``tqdm`` when installed, else a line a second) with the marginal error at each
-            convergence test; a callable is called there as ``progress(iteration, error)``
-            (``iteration`` counts annealing steps, as ``result.errors`` does; ``error`` is the
-            worst over a batch). Needs ``tol`` (a ValueError with ``tol=None``).
-        cost: ground cost c(x, y): "sqeuclidean" (‖x − y‖², default), "euclidean"
-            (‖x − y‖) or "cosine" (1 − cos(x, y); a zero vector is mapped to the origin, so
-            its cost to any point is feature_weight/2). ``eps`` is in units of this cost.
-            See docs/costs.md.
-        feature_map: linear map applied to the features of both clouds before the cost: a
-            (k, d) matrix L (x ↦ L x) or a (d,) diagonal (for "sqeuclidean" the Mahalanobis
-            cost with M = LᵀL). Default None.
-        label_x: (n,) or (B, n) integer labels of ``x`` in [0, V) (OTDD label-augmented
-            cost); give ``label_y`` and ``label_cost`` with it. Default None.
-        label_y: (m,) or (B, m) integer labels of ``y`` in [0, V). Default None.
-        label_cost: (V, V) non-negative finite label-to-label cost W. The cost becomes
-            ``feature_weight · c(x_i, y_j) + label_weight · W[label_x_i, label_y_j]``.
-        feature_weight: factor >= 0 of the feature cost. Default 1.
-        label_weight: factor >= 0 of the label term. Default 1.
+        {options}
 
     Returns:
         A :class:`SinkhornResult` with potentials ``f``, ``g``, ``value``, ``n_iters``,
@@ -164,6 +102,7 @@ def sinkhorn(
 
 @entry_point
 @numpy_io(("C", "a", "b"))
+@document_options()
 def solve(
     C: torch.Tensor,
     a: torch.Tensor | None = None,
@@ -200,15 +139,7 @@ def solve(
             default uniform 1/n.
         b: weights of the columns, (m,) or (B, m); default uniform 1/m.
         eps: entropic regularisation, > 0, in units of C.
-        n_iters: iterations at the target eps (the maximum when ``tol`` is set). Default 1000.
-        tol: stop when ‖P1 − a‖₁ + ‖Pᵀ1 − b‖₁ <= tol for every problem of the batch; None
-            runs exactly ``n_iters`` iterations. Default 1e-3.
-        check_every: iterations between two convergence tests. Default 10.
-        schedule: "auto" (default), "symmetric" or "alternating", as in :func:`sinkhorn`.
-        acceleration: "auto" (default), "none", "overrelax" or "anderson", as in
-            :func:`sinkhorn`.
-        omega: over-relaxation factor in (0, 2), or None (default) for the adaptive one.
-        anderson_memory: past iterates mixed by Anderson acceleration (>= 1). Default 5.
+        {options}
         scaling: "auto" (default), None or a value in (0, 1): eps annealing as in
             :func:`sinkhorn`, starting at the spread R = max C − min C (the role of
             diameter²: eps is divided by ``scaling²`` per iteration); "auto" anneals only

@@ -11,13 +11,13 @@ the operators only ever receive that object.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from . import _validation as V
 from .costs import COST_DEFAULTS, CostSpec, check_cost
+from .option_table import OPTIONS, REQUIRED, check_combination, defaults
 
 #: Schur-solve defaults of second derivatives. tau is *relative*: S + tau·diag(b̂), the same
 #: damping for any n, m and mass; 1e-5 bounds the condition number of the
@@ -80,71 +80,34 @@ class HVPOptions:
 ANDERSON_MIN_WORK = 10**9
 
 #: Solver options and their defaults (the keyword arguments of :func:`flashsinkhorn.sinkhorn`
-#: other than the cost arguments of ``costs.COST_DEFAULTS``).
-SOLVER_DEFAULTS = {
-    "n_iters": 1000,
-    "tol": 1e-3,
-    "check_every": 10,
-    "schedule": "auto",
-    "acceleration": "auto",
-    "omega": None,
-    "anderson_memory": 5,
-    "scaling": "auto",
-    "diameter": None,
-    "rho_x": None,
-    "rho_y": None,
-    "backend": "auto",
-    "precision": "auto",
-    "check_finite": True,
-    "path": "auto",
-    "progress": None,
-}
+#: other than ``eps`` and the cost arguments of ``costs.COST_DEFAULTS``), from the option table.
+SOLVER_DEFAULTS = defaults("solver")
 
 
-@dataclass(frozen=True)
+def _table_fields(cls):
+    """The dataclass of ``cls`` with a field per solver option of the table (its type and
+    default; ``eps`` first, without one) before the fields ``cls`` declares itself."""
+    own = dict(cls.__annotations__)
+    cls.__annotations__ = {o.name: o.type for o in OPTIONS if o.group == "solver"}
+    cls.__annotations__.update(own)
+    for o in OPTIONS:
+        if o.group == "solver" and o.default is not REQUIRED:
+            setattr(cls, o.name, o.default)
+    return dataclass(frozen=True)(cls)
+
+
+@_table_fields
 class SinkhornOptions:
     """Every setting of a solve, validated (see :func:`flashsinkhorn.sinkhorn` for meanings).
 
     Attributes:
-        eps: entropic regularisation, > 0, in units of the cost.
-        n_iters: iterations at the target eps (the maximum when ``tol`` is set).
-        tol: marginal-error tolerance, or None for exactly ``n_iters`` iterations.
-        check_every: iterations between two convergence tests.
-        schedule: "auto", "symmetric" or "alternating".
-        acceleration: "auto", "none", "overrelax" or "anderson".
-        omega: fixed over-relaxation factor in (0, 2), or None for the adaptive one.
-        anderson_memory: residual differences kept by Anderson mixing (>= 1).
-        scaling: eps-annealing factor in (0, 1), None (no annealing) or "auto".
-        diameter: start of the annealing, or None to estimate it.
-        rho_x: KL relaxation of the x marginal, or None (hard constraint).
-        rho_y: the same for y.
-        backend: "auto", "torch" or "triton".
-        precision: "auto", "ieee", "tf32" or "tf32x3".
-        check_finite: check the inputs for NaN/inf.
-        path: "auto", "streaming", "dense" or "multiscale".
-        progress: None, True (a progress bar) or a callable ``progress(iteration, error)``
-            called at each convergence test (``solvers/progress.py``).
+        eps, n_iters, tol, check_every, schedule, acceleration, omega, anderson_memory,
+        scaling, diameter, rho_x, rho_y, backend, precision, check_finite, path, progress:
+            the solver options of the table (``option_table.OPTIONS``), one field each.
         cost: the validated cost description (:class:`~flashsinkhorn.costs.CostSpec`).
         hvp: Schur-solve settings of second derivatives.
     """
 
-    eps: float
-    n_iters: int = 1000
-    tol: float | None = 1e-3
-    check_every: int = 10
-    schedule: str = "auto"
-    acceleration: str = "auto"
-    omega: float | None = None
-    anderson_memory: int = 5
-    scaling: float | str | None = "auto"
-    diameter: float | None = None
-    rho_x: float | None = None
-    rho_y: float | None = None
-    backend: str = "auto"
-    precision: str = "auto"
-    check_finite: bool = True
-    path: str = "auto"
-    progress: bool | Callable[[int, float], object] | None = None
     cost: CostSpec = field(default_factory=CostSpec)
     hvp: HVPOptions = field(default_factory=HVPOptions)
 
@@ -175,42 +138,30 @@ class SinkhornOptions:
             raise TypeError(f"unexpected option(s) {unknown}")
         if "eps" not in kw:
             raise TypeError("eps is required")
-        s = {k: kw.get(k, d) for k, d in SOLVER_DEFAULTS.items()}
+        solver = {
+            o.name: o.check(kw.get(o.name, o.default)) for o in OPTIONS if o.group == "solver"
+        }
+        check_combination(solver)
         cost_kw = {k: kw[k] for k in COST_DEFAULTS if k in kw}
-        check_finite = V.check_bool("check_finite", s["check_finite"])
         if cost_kw and x is None:
             raise TypeError("cost options need the point clouds to be checked against")
         if x is None or all(_is_default(k, v) for k, v in cost_kw.items()):
             spec = _DEFAULT_COST  # nothing to check against the clouds
         else:
             spec = check_cost(x, y, **cost_kw)
-        path = V.check_choice("path", s["path"], V.PATHS)
-        precision = V.check_choice("precision", s["precision"], V.PRECISIONS)
-        if path == "multiscale" and x is not None:
+        if solver["path"] == "multiscale" and x is not None:
             from .multiscale.inputs import check_options
 
-            check_options(x, spec.is_default, precision)
-        return cls(
-            eps=V.check_positive("eps", kw["eps"]),
-            n_iters=V.check_int("n_iters", s["n_iters"], 1),
-            tol=V.check_positive("tol", s["tol"], allow_none=True),
-            check_every=V.check_int("check_every", s["check_every"], 1),
-            schedule=V.check_choice("schedule", s["schedule"], V.SCHEDULES),
-            acceleration=V.check_choice("acceleration", s["acceleration"], V.ACCELERATIONS),
-            omega=_check_omega(s["omega"]),
-            anderson_memory=V.check_int("anderson_memory", s["anderson_memory"], 1),
-            scaling=V.check_scaling(s["scaling"], allow_auto=True),
-            diameter=V.check_positive("diameter", s["diameter"], allow_none=True),
-            rho_x=V.check_positive("rho_x", s["rho_x"], allow_none=True),
-            rho_y=V.check_positive("rho_y", s["rho_y"], allow_none=True),
-            backend=V.check_choice("backend", s["backend"], V.BACKENDS),
-            precision=precision,
-            check_finite=check_finite,
-            path=path,
-            progress=V.check_progress(s["progress"], s["tol"]),
-            cost=spec,
-            hvp=HVPOptions.build(hvp_options),
-        )
+            check_options(x, spec.is_default, solver["precision"])
+        hvp = HVPOptions.build(hvp_options)
+        if hvp_options is not None and (not spec.is_default or solver["path"] == "multiscale"):
+            why = "path='multiscale'" if spec.is_default else "this cost"
+            raise ValueError(
+                "hvp_options sets the Schur solve of second derivatives, which "
+                f"{why} does not have (the plain squared Euclidean cost on the streaming or "
+                "dense path only); leave hvp_options out"
+            )
+        return cls(**solver, cost=spec, hvp=hvp)
 
     def resolve(self, scale: float | None, work: int | None = None) -> SinkhornOptions:
         """The options with every "auto" replaced by a concrete choice for this problem.
@@ -285,15 +236,6 @@ def _is_default(key: str, value: object) -> bool:
     if default is None:
         return value is None
     return type(value) is type(default) and value == default
-
-
-def _check_omega(omega: object) -> float | None:
-    if omega is None:
-        return None
-    w = V.check_positive("omega", omega)
-    if w >= 2.0:
-        raise ValueError(f"omega must be in (0, 2) or None (adaptive), got {w}")
-    return w
 
 
 def public_options(scope: dict) -> dict:

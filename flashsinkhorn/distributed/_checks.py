@@ -21,6 +21,21 @@ from ..options import SinkhornOptions
 from ._comm import Comm
 
 MODES = ("gather", "ring")
+
+#: The ``Args`` text of the sharded entry points where it differs from the option table's.
+SHARDED_DOCS = {
+    "tol": "stop when the global ‖P1 − a‖₁ + ‖Pᵀ1 − b‖₁ <= tol; None runs exactly "
+    "``n_iters`` iterations. Default 1e-3.",
+    "check_every": "iterations between two convergence tests, the only host "
+    "synchronisations of the loop (one all-reduce each); needs ``tol``. Default 10.",
+    "acceleration": 'as in :func:`flashsinkhorn.sinkhorn`, except that "anderson" is not '
+    "available (its least squares would need inner products over every rank); the adaptive "
+    'over-relaxation reads the global errors of the convergence tests. Default "auto".',
+    "anderson_memory": "accepted for a uniform signature; Anderson mixing is not available, "
+    "so only the default 5 is accepted.",
+    "diameter": "largest distance between points for annealing; None (default) estimates it "
+    "from the global bounding box.",
+}
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 #: Bytes of an error message broadcast from the failing rank (longer ones are cut).

@@ -18,6 +18,7 @@ import torch
 from .. import _validation as V
 from .._convergence import SolveReport, warn_unconverged
 from ..losses import ot_cost_reported
+from ..option_table import document_options, may_anneal
 from ..options import SinkhornOptions, public_options
 from ..solvers import estimate_diameter
 from ._labels import (
@@ -97,6 +98,7 @@ def _batches(ii, jj, cnt_s, cnt_t, d: int, budget: int, pairs: bool = False):
         p += per
 
 
+@document_options()
 def class_distance_matrix(
     x1: torch.Tensor,
     l1: torch.Tensor,
@@ -156,17 +158,11 @@ def class_distance_matrix(
         tol: marginal-error tolerance of every class problem (a batch stops when all of its
             problems pass); None runs exactly ``n_iters`` iterations. Default 1e-3.
         check_every: iterations between convergence tests. Default 10.
-        schedule: as in :func:`flashsinkhorn.sinkhorn`. Default "auto".
-        acceleration: as in :func:`flashsinkhorn.sinkhorn`. Default "auto".
-        omega: as in :func:`flashsinkhorn.sinkhorn`. Default None (adaptive).
-        anderson_memory: as in :func:`flashsinkhorn.sinkhorn`. Default 5.
+        {options}
         scaling: "auto" (default), None (fixed eps) or an annealing factor in (0, 1), as in
             :func:`flashsinkhorn.sinkhorn`; every class problem starts from the same diameter.
         diameter: the annealing start; default None: the bounding-box diagonal of both
             datasets.
-        backend: "auto", "torch" or "triton", as in :func:`flashsinkhorn.sinkhorn`.
-        precision: "auto", "ieee", "tf32" or "tf32x3", as in :func:`flashsinkhorn.sinkhorn`.
-        check_finite: check points for NaN/inf. Default True.
         differentiable: False (default) computes W without an autograd graph. True keeps
             the graph, so W is differentiable w.r.t. ``x1``, ``x2`` (and ``a1``, ``a2``);
             the backward then holds the solver state of every batch until it runs:
@@ -217,7 +213,7 @@ def class_distance_matrix(
     wdtype = torch.float64 if x1.dtype == torch.float64 else torch.float32
     c1 = group_classes("l1", l1, a1, V1, wdtype, "a1")
     c2 = group_classes("l2", l2, a2, V2, wdtype, "a2")
-    if scaling is not None and diameter is None:
+    if may_anneal(solver.scaling, solver.tol) and diameter is None:
         with torch.no_grad():
             diameter = estimate_diameter(x1.detach()[None], x2.detach()[None])
         diameter = diameter if diameter > 0 else None

@@ -16,6 +16,7 @@ import torch
 from .. import _validation as V
 from .._convergence import reported_as
 from ..losses import divergence
+from ..option_table import document_options
 from ..options import SinkhornOptions, public_options
 from ._labels import (
     check_class_weights,
@@ -60,6 +61,7 @@ def augment_labels(
     return l1.long(), l2.long() + V1
 
 
+@document_options()
 def otdd_distance(
     x1: torch.Tensor,
     l1: torch.Tensor,
@@ -130,15 +132,8 @@ def otdd_distance(
         n_iters: iterations per solve (the maximum when ``tol`` is set). Default 1000.
         tol: marginal-error tolerance; None runs exactly ``n_iters`` iterations. Default 1e-3.
         check_every: iterations between convergence tests. Default 10.
-        schedule: as in :func:`flashsinkhorn.sinkhorn`. Default "auto".
-        acceleration: as in :func:`flashsinkhorn.sinkhorn`. Default "auto".
-        omega: as in :func:`flashsinkhorn.sinkhorn`. Default None (adaptive).
-        anderson_memory: as in :func:`flashsinkhorn.sinkhorn`. Default 5.
-        scaling: as in :func:`flashsinkhorn.sinkhorn`. Default "auto".
         diameter: annealing start; default None: estimated from both datasets.
-        backend: "auto", "torch" or "triton". Default "auto".
-        precision: "auto", "ieee", "tf32" or "tf32x3". Default "auto".
-        check_finite: check points for NaN/inf. Default True.
+        {options}
         progress: tqdm progress bar while W is built (needs ``tqdm``). Default False.
 
     Returns:
