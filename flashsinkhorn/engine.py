@@ -226,6 +226,8 @@ def solve_divergence(x, y, a, b, opts: SinkhornOptions):
     """
     with torch.no_grad():
         bd = bind(x, y, a, b, opts)
+        # the three values must resolve their difference (the mass term's rounding)
+        limits.check_divergence(bd.problem, bd.opts.eps, bd.opts.tol)
         xy = _solve(bd.problem, bd.backend, bd.eps_list, bd.opts)
         terms = self_terms(bd.problem)
 

@@ -19,6 +19,7 @@ from .autograd import OTCostFunction
 from .autograd.divergence import DivergenceFunction
 from .costs import transform_points
 from .engine import solve_divergence, solve_points
+from .option_table import document_options
 from .options import SinkhornOptions, public_options
 
 
@@ -37,6 +38,21 @@ def _ot_cost_points(
 
 
 @entry_point
+@document_options(
+    path='as in :func:`flashsinkhorn.sinkhorn`; "multiscale" (d <= 3) differentiates through '
+    'the block-sparse plan (first derivatives only; docs/multiscale.md). Default "auto".',
+    hvp_options="Schur-solve settings of the second derivative (``create_graph=True`` then "
+    "grad again, which applies the streaming HVP): keys ``tau``, ``cg_tol``, ``cg_max_iter``, "
+    "``cg_check_every`` (defaults 1e-5, 1e-6, 500, 10; docs/hvp.md). Second derivatives exist "
+    "for the default squared Euclidean cost only.",
+    cost='"sqeuclidean" (default), "euclidean" or "cosine"; as in '
+    ":func:`flashsinkhorn.sinkhorn`. Gradients: docs/costs.md (the euclidean cost uses the "
+    "subgradient 0 where x_i = y_j).",
+    feature_map="(k, d) or (d,) linear map of the features (gradients flow through it to the "
+    "points; the map itself is not differentiated). Default None.",
+    label_cost="(V, V) label cost W; differentiable when it requires grad: dOT/dW[k, l] = "
+    "label_weight · Σ_{i: label_x_i = k, j: label_y_j = l} P_ij. Default None.",
+)
 def ot_cost(
     x: torch.Tensor,
     y: torch.Tensor,
@@ -83,33 +99,7 @@ def ot_cost(
         a: weights of x, (n,) or (B, n) (a shared (n,) is allowed for batched x); default
             uniform.
         b: weights of y, (m,) or (B, m); default uniform.
-        eps: entropic regularisation, in units of the cost (squared distance).
-        n_iters, tol, check_every, schedule, acceleration, omega, anderson_memory: as in
-            :func:`flashsinkhorn.sinkhorn` (defaults: 1000, 1e-3, 10, "auto", "auto", None, 5).
-        scaling, diameter, rho_x, rho_y, backend, precision, check_finite: as in
-            :func:`flashsinkhorn.sinkhorn` (defaults: "auto", None, None, None, "auto",
-            "auto", True).
-        path: "auto" (default), "streaming", "dense" or "multiscale", as in
-            :func:`flashsinkhorn.sinkhorn`; "multiscale" (d <= 3) differentiates through the
-            block-sparse plan (first derivatives only; docs/multiscale.md).
-        progress: None (default), True (a progress bar) or a callable
-            ``progress(iteration, error)`` called at each convergence test, as in
-            :func:`flashsinkhorn.sinkhorn` (needs ``tol``).
-        hvp_options: Schur-solve settings of the second derivative (``create_graph=True``
-            then grad again, which applies the streaming HVP): keys ``tau``, ``cg_tol``,
-            ``cg_max_iter``, ``cg_check_every`` (defaults 1e-5, 1e-6, 500, 10; docs/hvp.md).
-            Second derivatives exist for the default squared Euclidean cost only.
-        cost: "sqeuclidean" (default), "euclidean" or "cosine"; as in
-            :func:`flashsinkhorn.sinkhorn`. Gradients: docs/costs.md (the euclidean cost uses
-            the subgradient 0 where x_i = y_j).
-        feature_map: (k, d) or (d,) linear map of the features (gradients flow through it
-            to the points; the map itself is not differentiated). Default None.
-        label_x: (n,) or (B, n) integer labels of x (OTDD label term). Default None.
-        label_y: (m,) or (B, m) integer labels of y. Default None.
-        label_cost: (V, V) label cost W; differentiable when it requires grad:
-            dOT/dW[k, l] = label_weight · Σ_{i: label_x_i = k, j: label_y_j = l} P_ij.
-        feature_weight: factor >= 0 of the feature cost. Default 1.
-        label_weight: factor >= 0 of the label term. Default 1.
+        {options}
 
     Returns:
         A 0-d tensor, or (B,) for batched inputs, in float32 (float64 for float64 inputs).
@@ -155,6 +145,7 @@ def ot_cost_reported(
 
 
 @entry_point
+@document_options()
 def sinkhorn_divergence(
     x: torch.Tensor,
     y: torch.Tensor,
@@ -210,6 +201,13 @@ def sinkhorn_divergence(
     ``feature_weight``, ``label_weight``) are those of :func:`ot_cost`; the self terms use
     (label_x, label_x) and (label_y, label_y), so W is over the union of both label sets.
 
+    Args:
+        x: (n, d) or (B, n, d) source points.
+        y: (m, d) or (B, m, d) target points.
+        a: weights of x, (n,) or (B, n); default uniform.
+        b: weights of y, (m,) or (B, m); default uniform.
+        {options}
+
     Returns:
         A 0-d tensor, or (B,) for batched inputs, differentiable w.r.t. x, y, a, b.
 
@@ -254,12 +252,49 @@ def divergence_points(x, y, a, b, opts: SinkhornOptions, reports: list[SolveRepo
     div = DivergenceFunction.apply(
         xt, yt, a, b, terms, opts.hvp, spec.label_cost, spec.label_weight, spec.is_default
     )
-    if opts.rho_x is None:
+    if opts.rho_x is not None:
+        # Unbalanced debiasing (Séjourné et al.): with the generalised KL in OT_eps, the two
+        # self terms over-correct by eps/2 (m_a − m_b)²; adding it back keeps S >= 0 (the
+        # fuzzing found S < 0 without it). It vanishes for equal masses.
+        div = div + 0.5 * opts.eps * (_mass(a, x, div) - _mass(b, y, div)) ** 2
+    return zero_if_identical(div, xt, yt, a, b, spec.label_x, spec.label_y)
+
+
+def zero_if_identical(div, x, y, a, b, label_x=None, label_y=None) -> torch.Tensor:
+    """S with the problems of identical measures set to exactly 0 (and their gradient to 0).
+
+    S(μ, μ) = 0 is an identity, but the three solves stop at a tolerance along different
+    iterations (OT(x, y) two potentials, the self terms one), so their values differ by up to
+    tol·(cost range) and S came out negative for x and x.clone() (−1.7e-7 at 400 points in
+    float64). The test runs on the device: an elementwise comparison of the clouds, weights
+    and labels, no synchronisation. S has its minimum there, so its gradient is 0 as well.
+
+    Args:
+        div: () or (B,) divergence.
+        x, y: (n, d) / (B, n, d) points as solved (transformed); other shapes never match.
+        a, b: weights as the caller passed them ((n,), (n, 1), (B, n), (B, n, 1)) or None.
+        label_x, label_y: labels of the label-augmented cost, or None.
+    """
+    if x.shape != y.shape:
         return div
-    # Unbalanced debiasing (Séjourné et al.): with the generalised KL in OT_eps, the two
-    # self terms over-correct by eps/2 (m_a − m_b)²; adding it back keeps S >= 0 (the fuzzing
-    # found S < 0 without it). It vanishes for equal masses.
-    return div + 0.5 * opts.eps * (_mass(a, x, div) - _mass(b, y, div)) ** 2
+    same = (x == y).all(-1).all(-1)
+    wa, wb = _weights_like(a, x), _weights_like(b, y)
+    if wa.shape[-1] != wb.shape[-1]:
+        return div
+    same = same & (wa == wb).all(-1)
+    if label_x is not None or label_y is not None:
+        if label_x is None or label_y is None or label_x.shape != label_y.shape:
+            return div
+        same = same & (label_x == label_y).all(-1)
+    return torch.where(same.reshape(div.shape), torch.zeros_like(div), div)
+
+
+def _weights_like(w: torch.Tensor | None, points: torch.Tensor) -> torch.Tensor:
+    """(n,) or (B, n) weights of ``points``; uniform 1/n for None."""
+    if w is None:
+        n = points.shape[-2]
+        return torch.full((n,), 1.0 / n, dtype=points.dtype, device=points.device)
+    return w[..., 0] if w.dim() == points.dim() else w
 
 
 def _mass(w: torch.Tensor | None, points: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

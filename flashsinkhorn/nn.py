@@ -10,9 +10,9 @@ import torch
 from . import _validation as V
 from ._boundary import entry_point
 from .autograd.samples_loss import GeomLossSpec, SamplesLossFunction, geomloss_potentials
-from .costs import COST_DEFAULTS
 from .engine import solve_geomloss
-from .losses import divergence
+from .losses import divergence, sinkhorn_divergence, zero_if_identical
+from .option_table import option_parameters
 from .options import SOLVER_DEFAULTS, HVPOptions, SinkhornOptions
 
 _GEOMLOSS_BACKENDS = {
@@ -33,12 +33,13 @@ class SinkhornDivergence(torch.nn.Module):
 
     Args:
         eps: entropic regularisation in squared-distance units.
-        **options: any keyword of :func:`flashsinkhorn.sinkhorn_divergence` (n_iters, tol,
-            check_every, schedule, acceleration, omega, anderson_memory, scaling, diameter,
-            rho_x, rho_y, backend, precision, check_finite, progress, hvp_options, and the cost
-            options cost, feature_map, label_x, label_y, label_cost, feature_weight,
-            label_weight of docs/costs.md). The solver
-            settings are validated here.
+        **options: any keyword option of :func:`flashsinkhorn.sinkhorn_divergence` (n_iters,
+            tol, check_every, schedule, acceleration, omega, anderson_memory, scaling,
+            diameter, rho_x, rho_y, backend, precision, check_finite, path, progress,
+            hvp_options, and the cost options cost, feature_map, label_x, label_y,
+            label_cost, feature_weight, label_weight of docs/costs.md). The solver settings
+            are validated here, the cost settings at the call (they are checked against the
+            clouds).
 
     Examples:
         >>> import torch
@@ -54,8 +55,7 @@ class SinkhornDivergence(torch.nn.Module):
     def __init__(self, eps: float, **options: Any):
         super().__init__()
         self.eps = V.check_positive("eps", eps)
-        allowed = (set(SOLVER_DEFAULTS) - {"path"}) | set(COST_DEFAULTS) | {"hvp_options"}
-        unknown = set(options) - allowed
+        unknown = set(options) - set(option_parameters(sinkhorn_divergence)) - {"eps"}
         if unknown:
             raise TypeError(f"SinkhornDivergence got unexpected options: {sorted(unknown)}")
         # The solver settings are checked now; the cost ones need the clouds (at the call).
@@ -215,7 +215,8 @@ class SamplesLoss(torch.nn.Module):
         loop = solve_geomloss(x, y, a, b, self.spec)
         if self.potentials:
             return geomloss_potentials(loop, x, y, self.spec)
-        return SamplesLossFunction.apply(x, y, a, b, self.spec, loop)
+        out = SamplesLossFunction.apply(x, y, a, b, self.spec, loop)
+        return zero_if_identical(out, x, y, a, b) if self.spec.debias else out
 
     def extra_repr(self) -> str:
         s = self.spec

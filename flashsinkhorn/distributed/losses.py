@@ -22,7 +22,9 @@ from .. import limits
 from .._convergence import SolveReport, report, warn_unconverged
 from ..autograd.guard import guard_second_order
 from ..autograd.ot_cost import relaxed_weight_grad
+from ..option_table import document_options
 from ..options import public_options
+from ._checks import SHARDED_DOCS
 from ._comm import require_group
 from ._engine import Sharded
 from .solver import _run
@@ -106,6 +108,7 @@ def _options(group, mode, **kw) -> dict:
     return dict(group=group, mode=mode, compute_error=False, **kw)
 
 
+@document_options(**SHARDED_DOCS)
 def ot_cost(
     x_local: torch.Tensor,
     y_local: torch.Tensor,
@@ -146,10 +149,8 @@ def ot_cost(
         y_local: (m_local, d) this rank's rows of y.
         a_local: (n_local,) weights of those rows, or None on every rank (uniform).
         b_local: (m_local,) weights, or None on every rank (uniform).
-        eps, group, mode, n_iters, tol, check_every, schedule: as in
-            :func:`flashsinkhorn.distributed.sinkhorn`.
-        scaling, diameter, rho_x, rho_y, backend, precision, check_finite: as in
-            :func:`flashsinkhorn.distributed.sinkhorn`.
+        group, mode: as in :func:`flashsinkhorn.distributed.sinkhorn`.
+        {options}
 
     Returns:
         A 0-d tensor, the global value, identical on every rank (float32, or float64 for
@@ -183,6 +184,8 @@ def _divergence_terms(x, y, a, b, options, reports):
     rho = (options["rho_x"], options["rho_y"])
     sh = Sharded(x, y, a, b, group=group, extra_check=lambda: V.check_divergence_rho(*rho),
                  **options)  # fmt: skip
+    # global statistics: every rank raises alike
+    limits.check_divergence(sh.problem, sh.opts.eps, sh.opts.tol)
     terms = []
     with torch.no_grad():
         for label, prob in (
@@ -250,6 +253,7 @@ class _DistDivergence(torch.autograd.Function):
         return gx, gy, ga, gb, None, None
 
 
+@document_options(**SHARDED_DOCS)
 def sinkhorn_divergence(
     x_local: torch.Tensor,
     y_local: torch.Tensor,
@@ -287,10 +291,8 @@ def sinkhorn_divergence(
 
     Args:
         x_local, y_local, a_local, b_local: this rank's shards, as in :func:`ot_cost`.
-        eps, group, mode, n_iters, tol, check_every, schedule: as in
-            :func:`flashsinkhorn.distributed.sinkhorn`.
-        scaling, diameter, rho_x, rho_y, backend, precision, check_finite: as in
-            :func:`flashsinkhorn.distributed.sinkhorn`.
+        group, mode: as in :func:`flashsinkhorn.distributed.sinkhorn`.
+        {options}
 
     Returns:
         A 0-d tensor, identical on every rank, differentiable w.r.t. the local shards.
