@@ -94,9 +94,17 @@ class NumpyResult(SinkhornResult):
         out = cls.__new__(cls)
         out.__dict__.update(res.__dict__)
         scalar = res.f.dim() == 1
-        out.f, out.g = _array(res.f), _array(res.g)
+        out._arrays = (_array(res.f), _array(res.g))
         out.value = _array(res.value, scalar)
         return out
+
+    @property
+    def f(self):
+        return self._arrays[0]
+
+    @property
+    def g(self):
+        return self._arrays[1]
 
     @property
     def marginal_error(self):

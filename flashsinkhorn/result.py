@@ -15,6 +15,30 @@ from .backends.matrix import MATRIX, dense_plan
 from .problem import Problem
 from .solvers.objective import marginal_error as _marginal_error
 from .solvers.objective import marginals as _marginals
+from .solvers.objective import nominal_weighted_sum
+
+
+def balanced_gauge(problem: Problem, f: torch.Tensor, g: torch.Tensor):
+    """The potentials of a balanced problem in the returned gauge: ⟨a, f⟩ = ⟨b, g⟩.
+
+    A balanced problem's potentials are defined up to (f + c, g − c); the solver reaches a
+    different c per schedule, acceleration and backend (alternating from zero: ⟨a, f⟩ =
+    0.1089 against ⟨b, g⟩ = 0.0021 on one problem where the symmetric schedule gave 0.0554 /
+    0.0557), so the same call returned other potentials when the size, tolerance or device
+    changed the schedule. Shifting by c = (⟨b, g⟩ − ⟨a, f⟩) / (M_a + M_b) (nominal masses)
+    fixes one gauge for every path (docs/conventions.md). The plan, the value, transports,
+    gradients in x and y and HVPs read f + g only and do not change: they read the solver's
+    potentials, and the shift is formed only where the potentials themselves are read
+    (``SinkhornResult.f``/``g``, the weight gradients). A relaxed side fixes the constant
+    itself; a self problem (one potential) has f = g already. A few device reductions, no
+    synchronisation.
+    """
+    X, Y = problem.X, problem.Y
+    if X is Y or X.rho is not None or Y.rho is not None:
+        return f, g
+    sa, sb = nominal_weighted_sum(X, f), nominal_weighted_sum(Y, g)
+    c = ((sb - sa) / (X.nominal_mass + Y.nominal_mass))[:, None]
+    return f + c, g - c
 
 
 @dataclass(frozen=True)
@@ -28,7 +52,8 @@ class Solution:
     Attributes:
         problem: the canonical (centred, batched) problem.
         backend: the backend of the solve (its path included).
-        f: (B, n) potential of x.
+        f: (B, n) potential of x, as the solver left it (any additive gauge for a balanced
+            problem; everything read from the plan is gauge free).
         g: (B, m) potential of y.
         eps: the final eps.
     """
@@ -70,7 +95,8 @@ class SinkhornResult:
     :func:`flashsinkhorn.solve`), plan P_ij = a_i b_j exp((f_i + g_j − C_ij) / eps).
 
     Attributes:
-        f: (n,) or (B, n) potential of x.
+        f: (n,) or (B, n) potential of x; for a balanced problem in the gauge
+            ⟨a, f⟩ = ⟨b, g⟩, whatever path ran (docs/conventions.md).
         g: (m,) or (B, m) potential of y.
         value: () or (B,) OT_eps, the dual objective at (f, g).
         eps: the final (target) eps.
@@ -119,8 +145,7 @@ class SinkhornResult:
     ):
         self.solution = Solution(problem, backend, f, g, eps)
         self._error = marginal_error
-        self.f = problem.unbatch(f)
-        self.g = problem.unbatch(g)
+        self._gauged: tuple[torch.Tensor, torch.Tensor] | None = None
         self.value = problem.unbatch(value)
         self.eps = eps
         self.n_iters = n_iters
@@ -133,6 +158,25 @@ class SinkhornResult:
         self.precision = route.precision
         self.schedule = route.schedule
         self.acceleration = route.acceleration
+
+    def balanced_potentials(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, n), (B, m) potentials in the returned gauge (:func:`balanced_gauge`), formed on
+        first use: the solve itself, its value, transports and HVPs read f + g only, so the
+        default path pays nothing for the gauge."""
+        if self._gauged is None:
+            sol = self.solution
+            self._gauged = balanced_gauge(sol.problem, sol.f, sol.g)
+        return self._gauged
+
+    @property
+    def f(self) -> torch.Tensor:
+        """(n,) or (B, n) potential of x (balanced: in the gauge ⟨a, f⟩ = ⟨b, g⟩)."""
+        return self.solution.problem.unbatch(self.balanced_potentials()[0])
+
+    @property
+    def g(self) -> torch.Tensor:
+        """(m,) or (B, m) potential of y (balanced: in the gauge ⟨a, f⟩ = ⟨b, g⟩)."""
+        return self.solution.problem.unbatch(self.balanced_potentials()[1])
 
     @property
     @entry_point

@@ -23,7 +23,7 @@ import torch
 
 from .. import limits, tuning
 from .._boundary import backward_autocast_off
-from ..result import SinkhornResult, Solution
+from ..result import SinkhornResult, Solution, balanced_gauge
 from .double_backward import EnvelopeGrad, hvp_settings
 from .guard import guard_second_order
 
@@ -34,7 +34,8 @@ def _weight_grad(sol: Solution, side: str) -> torch.Tensor:
     R, Cs = (problem.X, problem.Y) if side == "X" else (problem.Y, problem.X)
     pot, other = (sol.f, sol.g) if side == "X" else (sol.g, sol.f)
     if problem.X.rho is None and problem.Y.rho is None:
-        return pot
+        # in the gauge of the returned potentials (result.balanced_gauge)
+        return balanced_gauge(problem, sol.f, sol.g)[0 if side == "X" else 1]
     eps = sol.eps
     # â_i / a_i = exp((pot_i − T_i) / eps), with T the soft-min of this side (one pass); it
     # stays finite where a_i = 0.

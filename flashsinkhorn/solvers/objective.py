@@ -17,6 +17,11 @@ def _sum(side: Side, t: torch.Tensor) -> torch.Tensor:
     return nominal_sum(side.renormalised, (side.w * t).sum(-1), side.mass, side.nominal_mass)
 
 
+def nominal_weighted_sum(side: Side, t: torch.Tensor) -> torch.Tensor:
+    """(B,) Σ_i w_i t_i with the weights at the side's nominal mass (:func:`_sum`)."""
+    return _sum(side, t)
+
+
 def nominal_sum(renormalised: bool, dot, mass, nominal):
     """M · dot / Σw for a renormalised side (:func:`_sum`), else the plain weighted sum ``dot``.
 
