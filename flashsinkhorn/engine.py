@@ -107,16 +107,18 @@ def bind(x, y, a, b, opts: SinkhornOptions, *, sq_floor: float = 0.0) -> Bound:
 
 
 def admit(problem: Problem, opts: SinkhornOptions, *, long_iterations: bool = False,
-          eps_list: list[float] | None = None, names=("rho_x", "rho_y")):  # fmt: skip
+          eps_list: list[float] | None = None, names=("rho_x", "rho_y"),
+          eps_name: str = "eps"):  # fmt: skip
     """``(problem, opts, eps_list)``: the options with "auto" resolved for ``problem``, its
     eps ladder (:func:`schedule_for`; ``eps_list`` when given, with ``opts`` resolved
     already), and the problem admitted by ``limits.admit`` for that ladder (range checks,
-    the plan floor of a solve with a tolerance, the large-eps sides; ``names`` are the
-    relaxation arguments its errors name).
+    the plan floor of a solve with a tolerance, the large-eps sides; ``names`` and
+    ``eps_name`` are the relaxation and eps arguments its errors name).
     """
     if eps_list is None:
         opts, eps_list = schedule_for(problem, opts, gpu=long_iterations)
-    return limits.admit(problem, eps_list, tol=opts.tol, names=names), opts, eps_list
+    problem = limits.admit(problem, eps_list, tol=opts.tol, names=names, eps_name=eps_name)
+    return problem, opts, eps_list
 
 
 def rebind(bound: Bound, problem: Problem) -> Backend:
@@ -333,7 +335,8 @@ def solve_geomloss(x, y, a, b, spec: GeomLossSpec) -> GeomLossSolve:
         eps_list = geomloss_solve_ladder(x, y, spec, problem.dtype)
         opts = SinkhornOptions(eps=eps_list[-1], n_iters=1, tol=None, schedule="symmetric",
                                acceleration="none", scaling=None)  # fmt: skip
-        problem, _, _ = admit(problem, opts, eps_list=eps_list, names=("reach", "reach"))
+        problem, _, _ = admit(problem, opts, eps_list=eps_list, names=("reach", "reach"),
+                              eps_name="blur")  # fmt: skip
         ladder = [eps_list[0], *eps_list]
 
         def loop(p: Problem) -> SolveState:

@@ -119,7 +119,13 @@ def plan_floor(problem: Problem) -> float:
     return PLAN_FLOOR_ULPS * _finfo(problem).eps * cost_range(problem)
 
 
-def check_plan(problem: Problem, eps: float, what: str) -> None:
+def _eps_label(eps: float, eps_name: str) -> str:
+    """How a message names eps: ``eps=…``, or the caller's own argument (``SamplesLoss``'s
+    ``blur``) with the eps it sets."""
+    return f"eps={eps:.3g}" if eps_name == "eps" else f"{eps_name} (setting eps={eps:.3g})"
+
+
+def check_plan(problem: Problem, eps: float, what: str, eps_name: str = "eps") -> None:
     """Raises when the plan of this problem at ``eps`` is below the dtype's resolution.
 
     Args:
@@ -137,14 +143,17 @@ def check_plan(problem: Problem, eps: float, what: str) -> None:
     ratio = PLAN_FLOOR_ULPS * _finfo(problem).eps
     scale = "(max C − min C)" if problem.cost == "matrix" else "diameter²"
     raise ValueError(
-        f"eps={eps:.3g} is too small for {what} in {name}: {name} potentials resolve the "
+        f"{_eps_label(eps, eps_name)} is too small for {what} in {name}: {name} potentials "
+        f"resolve the "
         f"transport plan only for eps >= {ratio:.2g}·{scale} = {floor:.3g} here (rounding "
         f"of the potentials and costs enters the plan as exp(±u·{scale}/eps)); pass a "
-        f"larger eps{_or_float64(problem)} (docs/precision.md)"
+        f"larger {eps_name}{_or_float64(problem)} (docs/precision.md)"
     )
 
 
-def check_range(problem: Problem, eps_list: list[float], names=("rho_x", "rho_y")) -> None:
+def check_range(
+    problem: Problem, eps_list: list[float], names=("rho_x", "rho_y"), eps_name: str = "eps"
+) -> None:
     """Raises when the problem's numbers do not fit the potentials' dtype.
 
     Args:
@@ -193,13 +202,15 @@ def check_range(problem: Problem, eps_list: list[float], names=("rho_x", "rho_y"
     for eps in (min(eps_list), max(eps_list)):
         if eps < lo:
             raise ValueError(
-                f"eps={eps:.3g} is too small for {name}: the scores cost/eps overflow below "
-                f"eps = {lo:.3g} for these points; pass a larger eps{_or_float64(problem)}"
+                f"{_eps_label(eps, eps_name)} is too small for {name}: the scores cost/eps "
+                f"overflow below eps = {lo:.3g} for these points; pass a larger "
+                f"{eps_name}{_or_float64(problem)}"
             )
         if eps > hi:
             raise ValueError(
-                f"eps={eps:.3g} is too large for {name}: eps·mass² must stay below {top:.3g} "
-                f"(largest eps here {hi:.3g}); pass a smaller eps{_or_float64(problem)}"
+                f"{_eps_label(eps, eps_name)} is too large for {name}: eps·mass² must stay "
+                f"below {top:.3g} (largest eps here {hi:.3g}); pass a smaller "
+                f"{eps_name}{_or_float64(problem)}"
             )
     eps_hi = max(eps_list)
     for side, nm in ((problem.X, names[0]), (problem.Y, names[1])):
@@ -257,15 +268,18 @@ def _spread(problem: Problem, sq: float) -> float:
     return (4.0 * sq if power == 2 else 2.0 * math.sqrt(sq)) + _label_max(problem)
 
 
-def admit(problem: Problem, eps_list: list[float], *, tol, names=("rho_x", "rho_y")) -> Problem:
+def admit(
+    problem: Problem, eps_list: list[float], *, tol, names=("rho_x", "rho_y"), eps_name="eps"
+) -> Problem:
     """The range checks of a solve, and the problem with its large-eps sides marked.
 
     With a tolerance the convergence test reads the plan's marginals: it is refused below the
     plan floor like every plan-derived output (``tol=None`` still gives the value).
+    ``names`` and ``eps_name``: the caller's names of rho_x, rho_y and eps, for the messages.
     """
-    check_range(problem, eps_list, names)
+    check_range(problem, eps_list, names, eps_name)
     if tol is not None:
-        check_plan(problem, eps_list[-1], f"the convergence test (tol={tol:g})")
+        check_plan(problem, eps_list[-1], f"the convergence test (tol={tol:g})", eps_name)
     return large_eps_sides(problem, max(eps_list))
 
 

@@ -156,7 +156,7 @@ class SamplesLossFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         x, y, a, b = ctx.saved_tensors
         problem, loop, spec = ctx.problem, ctx.loop, ctx.spec
-        limits.check_plan(problem, loop.eps, "gradients")
+        limits.check_plan(problem, loop.eps, "gradients", "blur")
         need = ctx.needs_input_grad
         # create_graph=True: for p = 2 and balanced marginals the point gradients are
         # differentiable, their backward the streaming HVP (as ot_cost's).
