@@ -15,6 +15,8 @@ turns their plain-text references into links on the site, without touching the s
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 import re
 from pathlib import Path
 
@@ -170,6 +172,16 @@ def _lazy_names(module: griffe.Module) -> None:
                 module.set_member(name, griffe.Alias(name, target, parent=module))
 
 
+def _generated(obj: griffe.Object) -> str:
+    """The docstring as the package builds it at import: a ``{options}`` line is replaced by
+    the option table's Args entries (flashsinkhorn/option_table.py, ``document_options``)."""
+    module = importlib.import_module(obj.module.path)
+    target = module
+    for part in obj.path[len(obj.module.path) + 1 :].split("."):
+        target = getattr(target, part)
+    return inspect.cleandoc(target.__doc__)
+
+
 class SiteLinks(griffe.Extension):
     """Rewrites docstrings and defaults of the whole package once it is loaded."""
 
@@ -184,6 +196,8 @@ class SiteLinks(griffe.Extension):
             return
         seen.add(id(obj))
         if obj.docstring is not None:
+            if "{options}" in obj.docstring.value:
+                obj.docstring.value = _generated(obj)
             text = _link_roles(obj, obj.docstring.value)
             obj.docstring.value = _returns_as_prose(_link_pages(text))
         _constant_defaults(obj)
