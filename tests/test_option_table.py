@@ -13,7 +13,7 @@ import flashsinkhorn as fs
 from flashsinkhorn import coupling, distributed, otdd
 from flashsinkhorn.costs import COST_DEFAULTS
 from flashsinkhorn.option_table import BY_NAME, OPTIONS, REQUIRED, option_parameters
-from flashsinkhorn.options import SOLVER_DEFAULTS, SinkhornOptions
+from flashsinkhorn.options import SOLVER_DEFAULTS, HVPOptions, SinkhornOptions
 
 _COUPLE = {"eps", "tol", "n_iters", "backend", "precision", "path"}
 
@@ -200,3 +200,17 @@ def test_hvp_options_without_second_derivatives_are_refused(fn, kw):
     y = torch.rand(5, 2, dtype=torch.float64)
     with pytest.raises(ValueError, match="hvp_options sets the Schur solve"):
         fn(x, y, eps=0.5, hvp_options={"tau": 1e-4}, **kw)
+
+
+@pytest.mark.parametrize("fn", [fs.hvp, fs.HessianOperator.__init__])
+def test_hvp_signatures_match_the_schur_settings(fn):
+    # hvp and HessianOperator spell the Schur-solve settings out (hvp_options' keys) and take
+    # the solve options as **solver_options, validated by the table.
+    params = inspect.signature(fn).parameters
+    for f in dataclasses.fields(HVPOptions):
+        assert _same(params[f.name].default, f.default), f.name
+    assert params["solver_options"].kind is inspect.Parameter.VAR_KEYWORD
+    assert params["eps"].default is inspect.Parameter.empty
+    x = torch.rand(6, 2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="omega=1.5 is the factor"):
+        fs.hvp(x, x + 0.1, torch.ones_like(x), eps=0.5, omega=1.5)
