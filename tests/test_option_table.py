@@ -59,8 +59,40 @@ OWN_DEFAULTS = {
 }
 
 
+#: The parameters of each entry point that are not solve options: its data and its own
+#: settings. A new keyword anywhere else must be a row of the table (this test fails
+#: otherwise), so that it is checked, documented and defaulted like the others.
+OWN_PARAMETERS = {
+    "sinkhorn": {"x", "y", "a", "b"},
+    "ot_cost": {"x", "y", "a", "b"},
+    "sinkhorn_divergence": {"x", "y", "a", "b"},
+    "solve": {"C", "a", "b"},
+    "distributed.sinkhorn": {"x_local", "y_local", "a_local", "b_local", "group", "mode",
+                             "compute_error"},
+    "distributed.ot_cost": {"x_local", "y_local", "a_local", "b_local", "group", "mode"},
+    "distributed.sinkhorn_divergence": {"x_local", "y_local", "a_local", "b_local", "group",
+                                        "mode"},
+    "otdd.otdd_distance": {"x1", "l1", "x2", "l2", "a1", "a2", "num_classes",
+                           "differentiable_w", "w_options", "progress"},
+    "otdd.class_distance_matrix": {"x1", "l1", "x2", "l2", "a1", "a2", "num_classes",
+                                   "differentiable", "max_batch_elements", "progress"},
+    "coupling.couple": {"x0", "x1", "mode", "rho", "k", "replace", "generator", "seed"},
+    "coupling.couple_indices": {"x0", "x1", "mode", "rho", "k", "replace", "generator", "seed"},
+    "coupling.OTPlanSampler": {"self", "method", "reg", "reg_m", "normalize_cost",
+                               "num_threads", "warn", "generator"},
+}  # fmt: skip
+
+
 def _same(a, b) -> bool:
     return type(a) is type(b) and a == b
+
+
+@pytest.mark.parametrize("name", sorted(ENTRY_POINTS))
+def test_every_keyword_is_an_option_of_the_table_or_the_entry_points_own(name):
+    fn, _ = ENTRY_POINTS[name]
+    names = set(inspect.signature(fn).parameters)
+    stray = names - set(BY_NAME) - OWN_PARAMETERS[name]
+    assert not stray, (name, sorted(stray))
 
 
 @pytest.mark.parametrize("name", sorted(ENTRY_POINTS))
