@@ -28,12 +28,19 @@ ENTRY_POINTS = {
         fs.solve,
         {"diameter", "backend", "precision", "check_finite", "path", "hvp_options", *COST_DEFAULTS},
     ),
-    # sharded clouds: the streaming path and the plain squared Euclidean cost
-    "distributed.sinkhorn": (distributed.sinkhorn, {"path", "hvp_options", *COST_DEFAULTS}),
-    "distributed.ot_cost": (distributed.ot_cost, {"path", "hvp_options", *COST_DEFAULTS}),
+    # sharded clouds: the streaming path and the plain squared Euclidean cost; no progress
+    # report (the convergence test is an all-reduce of every rank)
+    "distributed.sinkhorn": (
+        distributed.sinkhorn,
+        {"path", "hvp_options", "progress", *COST_DEFAULTS},
+    ),
+    "distributed.ot_cost": (
+        distributed.ot_cost,
+        {"path", "hvp_options", "progress", *COST_DEFAULTS},
+    ),
     "distributed.sinkhorn_divergence": (
         distributed.sinkhorn_divergence,
-        {"path", "hvp_options", *COST_DEFAULTS},
+        {"path", "hvp_options", "progress", *COST_DEFAULTS},
     ),
     # OTDD builds its own label cost; the class terms are balanced OT
     "otdd.otdd_distance": (
@@ -56,6 +63,9 @@ OWN_DEFAULTS = {
     # None picks eps from the batches (a fraction of their mean squared distance)
     ("coupling.couple", "eps"),
     ("coupling.couple_indices", "eps"),
+    # a bar over OTDD's batched class solves (a bool), not one solve's report
+    ("otdd.otdd_distance", "progress"),
+    ("otdd.class_distance_matrix", "progress"),
 }
 
 
