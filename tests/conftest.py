@@ -66,3 +66,19 @@ def pytest_collection_modifyitems(config, items):
 def device():
     """Device on which the Triton backend runs: CUDA when present, else CPU (interpreter)."""
     return torch.device("cuda" if HAS_CUDA else "cpu")
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory):
+    """A default process group of one gloo rank for the sharded entry points, removed after."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    store = tmp_path_factory.mktemp("gloo") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

@@ -16,7 +16,6 @@ import numpy as np
 import ot
 import pytest
 import torch
-import torch.distributed as dist
 
 import flashsinkhorn as fs
 from flashsinkhorn import distributed, otdd
@@ -131,20 +130,6 @@ def _outcome(entry, case, dtype):
         return *_run(entry, case, dtype), None
     except ValueError as e:
         return None, None, str(e)
-
-
-@pytest.fixture(scope="module")
-def one_rank(tmp_path_factory):
-    """A default process group of one gloo rank for the sharded entry points, removed after."""
-    if dist.is_initialized():
-        yield
-        return
-    store = tmp_path_factory.mktemp("gloo") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import flashsinkhorn as fs
-from flashsinkhorn import otdd
+from flashsinkhorn import distributed, otdd
 
 D64 = torch.float64
 
@@ -78,6 +78,20 @@ def test_what_reads_the_potentials_is_unchanged_by_the_gauge():
     aa = a.clone().requires_grad_()
     fs.ot_cost(x, y, aa, b, **TIGHT).backward()
     torch.testing.assert_close(aa.grad, r.f, rtol=0, atol=1e-9)
+
+
+def test_sharded_potentials_are_in_the_gauge(one_rank):
+    # The sharded solve (one gloo rank) shifts its potentials after the loop, as every other
+    # solve's result: the same f and g, and the same weight gradient of ot_cost.
+    x, y, a, b = _clouds()
+    ref = fs.sinkhorn(x, y, a, b, **TIGHT)
+    r = distributed.sinkhorn(x, y, a, b, **TIGHT)
+    torch.testing.assert_close(a @ r.f, b @ r.g, rtol=0, atol=1e-13)
+    torch.testing.assert_close(r.f, ref.f, rtol=0, atol=1e-8)
+    torch.testing.assert_close(r.g, ref.g, rtol=0, atol=1e-8)
+    aa = a.clone().requires_grad_()
+    distributed.ot_cost(x, y, aa, b, **TIGHT).backward()
+    torch.testing.assert_close(aa.grad, ref.f, rtol=0, atol=1e-8)
 
 
 def test_unbalanced_potentials_are_not_shifted():

@@ -392,7 +392,23 @@ class Sharded:
                 "value and the potentials)",
             )  # fmt: skip
             err = self.marginal_error(st.f, st.g, st.eps)
-        return SolveOutput(st.f, st.g, st.eps, st.n_iters, st.converged, err, st.errors)
+        f, g = self.balanced_gauge(st.f, st.g)
+        return SolveOutput(f, g, st.eps, st.n_iters, st.converged, err, st.errors)
+
+    def balanced_gauge(self, f, g):
+        """``(f, g)`` of a balanced problem in the returned gauge ⟨a, f⟩ = ⟨b, g⟩ of every
+        other solve (``result.balanced_gauge``), from the global weighted sums (one
+        all-reduce, on every rank alike); a KL side or a self view keeps its potentials. The
+        plan, the value and the point gradients read f + g and do not change."""
+        X, Y, mx, my = self.X, self.Y, self.mass_x, self.mass_y
+        if X is Y or X.rho is not None or Y.rho is not None:
+            return f, g
+        sums = torch.cat([(X.w * f).sum(-1), (Y.w * g).sum(-1)])
+        t = self.comm.all_reduce(sums.to(self.comm.device)).to(f.device)
+        sa = nominal_sum(mx.renormalised, t[0:1], mx.total, mx.nominal)
+        sb = nominal_sum(my.renormalised, t[1:2], my.total, my.nominal)
+        c = ((sb - sa) / (mx.nominal + my.nominal))[:, None].to(f.dtype)
+        return f + c, g - c
 
     def marginal_error(self, f, g, eps) -> torch.Tensor:
         """(1,) global ‖P1 − a‖₁ + ‖Pᵀ1 − b‖₁ of the plan (f, g) (collective)."""
