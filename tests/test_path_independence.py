@@ -139,9 +139,12 @@ def test_divergence_of_identical_clouds_is_exactly_zero(path, dtype):
 
 
 def test_identical_clouds_on_the_streaming_kernels(device):
-    x, _, a, _ = _clouds(n=67, dtype=torch.float32)
+    # three fixed iterations: the interpreted kernels cost about 0.1 s a launch on the CPU,
+    # and the identity holds after any number of iterations
+    x, _, a, _ = _clouds(n=37, dtype=torch.float32)
     x, a = x.to(device), a.to(device)
-    s = fs.sinkhorn_divergence(x, x.clone(), a, a.clone(), eps=0.02, backend="triton")
+    kw = dict(eps=0.5, tol=None, n_iters=3, backend="triton")
+    s = fs.sinkhorn_divergence(x, x.clone(), a, a.clone(), **kw)
     assert s.item() == 0.0
 
 
