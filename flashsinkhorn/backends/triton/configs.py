@@ -244,6 +244,9 @@ ONCHIP_MAX_V = 32
 #: Dense path: smallest d at which "auto" chooses it, and the largest Gram matrix it allocates.
 DENSE_MIN_D = 256
 DENSE_MAX_BYTES = 4 << 30
+#: Largest fraction of the free device memory a Gram matrix may take (the rest: the solve's
+#: other buffers and the caller's).
+DENSE_FREE_FRACTION = 0.4
 
 #: Dense soft-min tiles (BLOCK_M, BLOCK_N, warps) per orientation (False: rows of K, the x side;
 #: True: its columns). Long contiguous runs along the stored rows of K: 16 x 256 tiles (row

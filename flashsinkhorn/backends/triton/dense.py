@@ -21,6 +21,7 @@ from ..blocks import matmul_precision
 from . import TritonBackend
 from .configs import (
     DENSE_CHUNK_ELEMENTS,
+    DENSE_FREE_FRACTION,
     DENSE_MAX_BYTES,
     DENSE_SOFTMIN_STAGES,
     DENSE_SOFTMIN_TILES,
@@ -177,6 +178,34 @@ class DenseTritonBackend(TritonBackend):
             combine_one_side(pmax, psum, rows.sq, old, out, raw, split, eps, alpha, beta, want_raw)
         return out, (raw if want_raw else None)
 
+    def _orientation(self, rows: Side, cols: Side) -> bool | None:
+        """False: rows of K (the x side), True: its columns, None: sides K was not built from."""
+        if rows.x is self._x and cols.x is self._y:
+            return False
+        if rows.x is self._y and cols.x is self._x:
+            return True
+        return None
+
+    def transport(self, rows, cols, row_pot, col_pot, eps, V, A, Bw, precision):
+        """The marginal alone (``V`` None, no Hadamard factor) from one soft-min sweep over
+        K: â_i = w_i exp((row_pot_i − T_i) / eps) with T the raw soft-min of ``col_pot``
+        (the convergence test's formula, solvers/objective.py), 4·n·m bytes read where the
+        streaming transport forms x·yᵀ again (2·n·m·d products). Values stream as usual."""
+        plain = V is None and A is None and Bw is None
+        if not plain or self._orientation(rows, cols) is None or eps >= rows.large_eps:
+            return super().transport(rows, cols, row_pot, col_pot, eps, V, A, Bw, precision)
+        _, raw = self.softmin(rows, cols, col_pot, eps, row_pot, 0.0, 1.0, True, precision)
+        return None, rows.w * torch.exp((row_pot - raw) / eps)
+
+    def plan_argmax(self, rows, cols, col_pot, eps, precision, idx=None, seed=None):
+        """Argmax and Gumbel-max draws reading each draw's row of K (sample.py)."""
+        transposed = self._orientation(rows, cols)
+        if transposed is None:
+            return super().plan_argmax(rows, cols, col_pot, eps, precision, idx, seed)
+        from .sample import dense_plan_argmax
+
+        return dense_plan_argmax(self.gram, transposed, rows, cols, col_pot, eps, idx, seed)
+
     def symmetric_step(
         self, X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, phase="cold"
     ):  # fmt: skip
@@ -215,9 +244,14 @@ def _no_autocast(device: torch.device):
     return torch.autocast(device_type=device.type, enabled=False)
 
 
+def gram_bytes(B: int, n: int, m: int) -> int:
+    """Bytes of a stored K = X Yᵀ of B problems n × m: fp32 values, rows padded to 16 floats."""
+    return 4 * B * n * (m + -m % 16)
+
+
 def dense_bytes(problem: Problem) -> int:
-    """Bytes of the stored K = X Yᵀ: B·n·m fp32 values, rows padded to 16 floats."""
-    return 4 * problem.B * problem.X.n * (problem.Y.n + -problem.Y.n % 16)
+    """Bytes of the stored K = X Yᵀ of ``problem``."""
+    return gram_bytes(problem.B, problem.X.n, problem.Y.n)
 
 
 def free_bytes(device: torch.device) -> int | None:
@@ -250,6 +284,12 @@ def dense_fits(problem: Problem) -> bool:
     if nbytes > DENSE_MAX_BYTES:
         return False
     if problem.device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(problem.device)
-        return nbytes <= 0.4 * free
+        return fits_free_memory(nbytes, problem.device)
     return True
+
+
+def fits_free_memory(nbytes: int, device: torch.device) -> bool:
+    """True when ``nbytes`` are at most ``DENSE_FREE_FRACTION`` of the memory free on the
+    CUDA ``device`` (room for the solve's other buffers and the caller's)."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return nbytes <= DENSE_FREE_FRACTION * free
