@@ -217,7 +217,7 @@ def main():
         prev = {"sinkhorn": None, "exact": None}
         for n in sizes:
             x0, x1 = _data(n, d)
-            msd, _ = cost_scale(x0, x1)
+            msd = cost_scale(x0, x1).msd
             eps = 0.01 * msd
             del x0, x1
             for kw in ({"name": "ours"}, {"name": "ours-exact", "mode": "exact"}):
