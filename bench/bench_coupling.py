@@ -34,7 +34,7 @@ Protocol
   775 TFLOP/s for the float16 grid operands of precision "tf32", exp2/log2 4.1e12 /s, 3.0
   TB/s): sweeps = 2 × iterations (soft-mins) + 1 (row marginal) + 1 (draws); each sweep
   2·n·m·d product FLOPs, n·m exponentials (the draw: two log2 per score) and (n + m)·d·2
-  operand bytes; a dense path builds x0·x1ᵀ once and streams 4·n·m bytes per soft-min.
+  operand bytes; a dense path builds x0·x1ᵀ once and reads 4·n·m bytes per sweep instead.
   ``floor_ms`` is the sum over sweeps of the largest of the three.
 
 Usage::
@@ -108,10 +108,10 @@ def _floor(n: int, d: int, iters: int, dense: bool) -> dict:
     nm = float(n) * n
     sweep = {"flops": 2 * nm * d, "exps": nm, "bytes": 2.0 * 2 * n * d}
     soft = dict(sweep)
-    if dense:  # the soft-mins stream K; the marginal and the draws still form x·yᵀ tiles
+    if dense:  # the soft-mins, the marginal and the draws read K
         soft = {"flops": 0.0, "exps": nm, "bytes": 4 * nm}
-    draw = dict(sweep, exps=2 * nm)
-    parts = [soft] * (2 * iters) + [sweep, draw]
+    draw = dict(soft, exps=2 * nm)
+    parts = [soft] * (2 * iters) + [soft, draw]
     if dense:
         parts.append({"flops": 2 * nm * d, "exps": 0.0, "bytes": 4 * nm})
     total = {k: sum(p[k] for p in parts) for k in RATES}
