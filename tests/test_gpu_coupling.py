@@ -4,8 +4,9 @@ import pytest
 import torch
 
 import flashsinkhorn as fs
-from flashsinkhorn.backends import TorchBackend, gumbel
+from flashsinkhorn.backends import TorchBackend, gumbel, transient_path
 from flashsinkhorn.backends.triton import TritonBackend
+from flashsinkhorn.coupling.minibatch import solve_batches
 from flashsinkhorn.coupling.sampling import draw_rows
 
 pytestmark = pytest.mark.gpu
@@ -57,3 +58,31 @@ def test_couple_on_gpu_matches_the_plan():
     sampled = (a - b).flatten(1).double().square().sum(1).mean().item()
     assert abs(sampled - expected) < 0.03 * expected
     assert expected < 0.97 * C.mean().item()
+
+
+def test_dense_coupling_matches_streaming():
+    # image-shaped batches take the stored Gram matrix; its marginal and draws against the
+    # streaming kernels on the same potentials
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x0 = torch.randn(2053, 3072, device="cuda", generator=g)
+    x1 = torch.rand(2053, 3072, device="cuda", generator=g) * 2 - 1
+    assert transient_path(x0, x1, "auto") == "dense"
+    assert transient_path(x0[:, :64], x1[:, :64], "auto") == "auto"
+    res = solve_batches(x0, x1, eps=None, mode="entropic", rho=None, tol=1e-3, n_iters=1000,
+                        backend="auto", precision="auto", path="dense")  # fmt: skip
+    assert res.path == "dense" and res.n_annealing == 0
+    sol = res.solution
+    p = sol.problem
+    dk, sk = sol.backend, TritonBackend()
+    args = (p.X, p.Y, sol.f, sol.g, sol.eps, None, None, None, p.precision)
+    _, md = dk.transport(*args)
+    _, ms = sk.transport(*args)
+    assert (md - ms).abs().max() <= 1e-4 * ms.abs().max()
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    rows = draw_rows(res, 2053, True, gen)
+    seed = gumbel.seed_words(gen, torch.device("cuda"))
+    jd = dk.plan_argmax(p.X, p.Y, sol.g, sol.eps, p.precision, rows, seed)
+    js = sk.plan_argmax(p.X, p.Y, sol.g, sol.eps, p.precision, rows, seed)
+    assert (jd == js).double().mean().item() >= 0.98
+    ad = dk.plan_argmax(p.X, p.Y, sol.g, sol.eps, p.precision)
+    assert (ad == sk.plan_argmax(p.X, p.Y, sol.g, sol.eps, p.precision)).double().mean() >= 0.98
