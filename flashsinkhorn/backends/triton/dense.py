@@ -290,6 +290,10 @@ def dense_fits(problem: Problem) -> bool:
 
 def fits_free_memory(nbytes: int, device: torch.device) -> bool:
     """True when ``nbytes`` are at most ``DENSE_FREE_FRACTION`` of the memory free on the
-    CUDA ``device`` (room for the solve's other buffers and the caller's)."""
+    CUDA ``device`` (room for the solve's other buffers and the caller's). Free counts the
+    blocks torch's caching allocator holds unused too: the Gram matrix of the previous
+    solve of the same size, released but kept, would otherwise halve the budget of the next
+    one."""
     free, _ = torch.cuda.mem_get_info(device)
-    return nbytes <= DENSE_FREE_FRACTION * free
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return nbytes <= DENSE_FREE_FRACTION * (free + cached)
