@@ -83,7 +83,7 @@ def cost_scale(x0: torch.Tensor, x1: torch.Tensor) -> CostScale:
     The mean of ‖x0_i − x1_j‖² over all pairs is tr Cov(x0) + tr Cov(x1) + ‖mean x0 −
     mean x1‖², formed from the distances to the joint mean c (no cancellation of large
     norms). The same distances bound the largest one by the triangle inequality through c;
-    three passes over each batch (mean, per-feature range, distances to c). In high
+    four passes over each batch (mean, per-feature maximum and minimum, distances to c). In high
     dimension that bound is far below the box diagonal (4096 flattened 3 × 32 × 32 images,
     N(0, I) against U[−1, 1]: 91 against 402), whose square made the eps rule anneal (eps =
     2.5e-4 of it) from 20 times the largest cost, while eps is 5e-3 of the bound's square
@@ -98,8 +98,8 @@ def cost_scale(x0: torch.Tensor, x1: torch.Tensor) -> CostScale:
         b = x1.float() if x1.dtype != torch.float64 else x1
         n, m = a.shape[0], b.shape[0]
         ma, mb = a.mean(0), b.mean(0)
-        (lo_a, hi_a), (lo_b, hi_b) = torch.aminmax(a, dim=0), torch.aminmax(b, dim=0)
-        box = torch.maximum(hi_a, hi_b) - torch.minimum(lo_a, lo_b)
+        # amax and amin, not aminmax: its column reduction ran 6x slower on the CPU
+        box = torch.maximum(a.amax(0), b.amax(0)) - torch.minimum(a.amin(0), b.amin(0))
         c = ((n * ma + m * mb) / (n + m))[None]
         # distances to the joint mean from direct differences (no ‖x‖² − 2 x·c + ‖c‖²
         # cancellation), without an (n, d) temporary
