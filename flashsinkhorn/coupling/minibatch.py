@@ -168,11 +168,12 @@ def solve_batches(
         rho = cs.msd
     if path == "auto":
         path = transient_path(x0, x1, backend)
-    # the values were checked by the cost-scale read; the ladder (if the rule anneals) starts
-    # at the bound of the largest distance instead of the box diagonal
+    # the values were checked by the cost-scale read; the ladder (if the rule anneals: with a
+    # tolerance only) starts at the bound of the largest distance instead of the box diagonal
+    diameter = cs.diameter if tol is not None else None
     return sinkhorn(x0, x1, eps=eps, rho_x=rho, rho_y=rho, tol=tol, n_iters=n_iters,
                     backend=backend, precision=precision, path=path,
-                    diameter=cs.diameter, check_finite=False)  # fmt: skip
+                    diameter=diameter, check_finite=False)  # fmt: skip
 
 
 @entry_point
