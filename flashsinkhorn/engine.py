@@ -108,15 +108,17 @@ def bind(x, y, a, b, opts: SinkhornOptions, *, sq_floor: float = 0.0) -> Bound:
 
 def admit(problem: Problem, opts: SinkhornOptions, *, long_iterations: bool = False,
           eps_list: list[float] | None = None, names=("rho_x", "rho_y"),
-          eps_name: str = "eps"):  # fmt: skip
+          eps_name: str = "eps", work: int | None = None):  # fmt: skip
     """``(problem, opts, eps_list)``: the options with "auto" resolved for ``problem``, its
     eps ladder (:func:`schedule_for`; ``eps_list`` when given, with ``opts`` resolved
     already), and the problem admitted by ``limits.admit`` for that ladder (range checks,
     the plan floor of a solve with a tolerance, the large-eps sides; ``names`` and
-    ``eps_name`` are the relaxation and eps arguments its errors name).
+    ``eps_name`` are the relaxation and eps arguments its errors name). ``work``: the
+    scores per half-step of the whole problem when ``problem`` holds one shard of it (a
+    sharded solve), else B·n·m.
     """
     if eps_list is None:
-        opts, eps_list = schedule_for(problem, opts, gpu=long_iterations)
+        opts, eps_list = schedule_for(problem, opts, gpu=long_iterations, work=work)
     problem = limits.admit(problem, eps_list, tol=opts.tol, names=names, eps_name=eps_name)
     return problem, opts, eps_list
 
@@ -370,7 +372,8 @@ def check_multiscale_eps(problem: Problem, eps: float) -> None:
         )
 
 
-def schedule_for(problem, opts: SinkhornOptions, *, diameter=None, gpu: bool = False):
+def schedule_for(problem, opts: SinkhornOptions, *, diameter=None, gpu: bool = False,
+                 work: int | None = None):  # fmt: skip
     """The options with "auto" resolved for this problem, and its eps ladder.
 
     The cost's range that the rule and the ladder start from is diameter^p (+ the largest
@@ -378,7 +381,8 @@ def schedule_for(problem, opts: SinkhornOptions, *, diameter=None, gpu: bool = F
     diameter is ``opts.diameter``, else ``diameter``, else the bounding box of both clouds
     (``problem.diameter``, the largest over a batch, read with prepare's value checks).
     ``gpu``: an iteration of the backend costs far more than its launches on large problems
-    (``Capabilities.long_iterations``; the choice of acceleration weighs them).
+    (``Capabilities.long_iterations``; the choice of acceleration weighs them); ``work``
+    the scores per half-step of the whole problem (None: B·n·m of ``problem``).
     """
     wants_range = opts.scaling == "auto" and opts.tol is not None
     wants_range = wants_range or isinstance(opts.scaling, float)
@@ -393,7 +397,9 @@ def schedule_for(problem, opts: SinkhornOptions, *, diameter=None, gpu: bool = F
         diameter = None  # non-finite points (check_finite=False): no ladder
     # inf where diameter^power overflows: the rule then anneals, from the ladder's cap.
     scale = cost_range(diameter, power, offset) if diameter else None
-    work = problem.B * problem.X.n * problem.Y.n if gpu else None
+    if work is None:
+        work = problem.B * problem.X.n * problem.Y.n
+    work = work if gpu else None
     opts = opts.resolve(scale, work)
     eps_list = eps_schedule(opts.eps, opts.scaling, diameter, power, offset, dtype=problem.dtype)
     return opts, eps_list

@@ -26,6 +26,11 @@ from ..problem import Side
 #: a lift and a block-sparse fine loop ("multiscale", flashsinkhorn/multiscale/).
 STRATEGIES = ("plain", "multiscale")
 
+#: The range in which a sum of plan entries without a running max is trusted (the Triton plan
+#: step's, docs/kernels.md): below, float32 exps flushed to zero could matter; above, a term
+#: may have overflowed.
+PLAN_SUM_RANGE = (2.0**-64, 3.0e38)
+
 
 @dataclass(frozen=True)
 class Capabilities:
@@ -44,6 +49,9 @@ class Capabilities:
             products on pre-rounded points, and the "auto" acceleration weighs an
             iteration's launches against its kernels.
         strategy: how a solve runs on it, one of :data:`STRATEGIES`.
+        sharded: its problem is one process's share of a problem sharded over several
+            (``reduce_error``, ``reduce_sum`` sum over them): the loop's Anderson mixing
+            reduces its inner products through ``reduce_sum``.
     """
 
     transports: bool = True
@@ -51,6 +59,7 @@ class Capabilities:
     graph_safe: bool = False
     kernels: bool = False
     strategy: str = "plain"
+    sharded: bool = False
 
     def default_precision(self, dtype: torch.dtype) -> str:
         """The precision "auto" resolves to: TF32 (on pre-rounded points) for float32 solves
@@ -205,6 +214,81 @@ class Backend(ABC):
             self.softmin(r2, c2, p2, eps, o2, alpha, b2, want_raw, precision),
         )
 
+    # Plan sums of one block of a sharded problem (docs/distributed.md). A rank holds its rows
+    # against some columns: the plan's row sums over those columns and column sums over those
+    # rows add up across ranks, so one all-reduce of the column sums completes a symmetric
+    # step whose every score was formed once.
+
+    def has_plan_sums(self, X: Side, Y: Side, eps: float, cols: bool) -> bool:
+        """Whether :meth:`plan_sums` serves these sides: the soft-mins of the block X × Y are
+        then read off the plan's sums, as this backend's own fused step would (``cols``: the
+        symmetric step, both sums; else the half-step, row sums only). Decided by the sides'
+        kinds (labels, zero weights, dimension), eps and the switches only, never by values,
+        so that every rank of a sharded problem decides alike. False by default."""
+        return False
+
+    def plan_sums(
+        self,
+        X: Side,
+        Y: Side,
+        f: torch.Tensor,
+        g: torch.Tensor,
+        eps: float,
+        precision: str,
+        shift: torch.Tensor | None,
+        cols: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Row and column sums of the plan π_ij = w_i w_j exp((f_i + g_j − C_ij − σ) / eps)
+        over the block X × Y (σ = ``shift``, (B,), or 0), without a running max: sums outside
+        the trusted range are caught by :meth:`sums_step`.
+
+        Returns:
+            ``(rows (B, n), cols (B, m) or None without ``cols``)``.
+        """
+        raise NotImplementedError(f"backend {self.name!r} has no plan sums")
+
+    def plan_shift(self, X: Side, Y: Side, f, g, eps: float, phase: str):
+        """(B,) the shift σ of the plan's exponent that this backend's fused step takes in
+        ``phase`` (``symmetric_step``), or None (no shift)."""
+        return None
+
+    def sums_step(
+        self,
+        rows: Side,
+        sums: torch.Tensor,
+        old: torch.Tensor,
+        eps: float,
+        alpha: float,
+        beta: float,
+        want_raw: bool,
+        shift: torch.Tensor | None,
+        redo: tuple | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """The half-step ``alpha · old + beta · T`` of ``rows`` from the plan's sums over them:
+        with s_i the row sums of the plan of (old, some column potential) shifted by σ,
+        T_i = old_i − σ − eps ln(s_i / w_i).
+
+        Args:
+            sums: (B, n) the plan sums (:meth:`plan_sums`, possibly added up across ranks).
+            redo: ``(cols, col_pot, precision)``: the whole column side, whose soft-min
+                replaces the result when a sum is out of the trusted range; None leaves the
+                result as it is (the flag says that it is wrong).
+
+        Returns:
+            ``(out, T or None, flag)``, flag (1,) > 0 where some sum was out of range. This
+            implementation reads the flag on the host before a recompute (the torch backend's
+            CPU tensors); a device backend guards the recompute on the device instead.
+        """
+        lo, hi = PLAN_SUM_RANGE
+        sigma = 0.0 if shift is None else shift[:, None]
+        t = old - sigma - eps * (torch.log(sums.to(old.dtype)) - rows.logw)
+        out = t * beta if alpha == 0.0 else alpha * old + beta * t
+        flag = (~((sums >= lo) & (sums <= hi))).any().to(old.dtype).reshape(1)
+        if redo is not None and bool(flag):
+            cols, col_pot, precision = redo
+            out, t = self.softmin(rows, cols, col_pot, eps, old, alpha, beta, True, precision)
+        return out, (t if want_raw else None), flag
+
     # Transport operators from potentials (docs/transport.md). Not abstract, so that a partial
     # backend (e.g. a test double) still instantiates; both shipped backends implement them.
 
@@ -310,6 +394,12 @@ class Backend(ABC):
         """(B,) marginal error of the whole problem from this process's part of it: the
         identity, except for a backend that shards one problem over several processes."""
         return err
+
+    def reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Sums over the processes that share one problem of this process's partial sums
+        ``t`` (inner products over a sharded iterate: Anderson mixing): the identity, except
+        for a backend that shards one problem over several processes."""
+        return t
 
     def threads(self):
         """Context in which the solver loop runs: the CPU kernel path of a small problem runs

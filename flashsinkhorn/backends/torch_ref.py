@@ -312,6 +312,25 @@ class TorchBackend(Backend):
         out = beta * T if alpha == 0.0 else alpha * old + beta * T
         return out, (T if want_raw else None)
 
+    def has_plan_sums(self, X, Y, eps, cols):
+        # zero weights make 0/0 of a plan row; large eps needs the expansion of softmin
+        return X.labels is None and not (X.has_null or Y.has_null) and eps < X.large_eps
+
+    def plan_sums(self, X, Y, f, g, eps, precision, shift, cols):
+        B, n, _ = X.x.shape
+        rows = torch.empty_like(X.sq)
+        col_sums = torch.zeros_like(Y.sq) if cols else None
+        sigma = 0.0 if shift is None else shift[:, None].to(X.sq.dtype)
+        with matmul_precision(precision, X.x.device):
+            for sl in row_chunks(B, n, Y.x.shape[1], self.chunk_elements):
+                z, offset, _ = block_scores(X, sl, Y, g, eps)
+                h = (f[:, sl] - offset - sigma) / eps + X.logw[:, sl]
+                p = torch.exp(z + h[:, :, None])
+                rows[:, sl] = p.sum(2)
+                if cols:
+                    col_sums += p.sum(1)
+        return rows, col_sums
+
     def transport(self, rows, cols, row_pot, col_pot, eps, V, A, Bw, precision):
         return transport(
             rows, cols, row_pot, col_pot, eps, V, A, Bw, precision, self.chunk_elements

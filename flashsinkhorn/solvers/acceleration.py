@@ -135,9 +135,14 @@ class Anderson:
         gauge: (B, N) weights w such that F(u + c) = F(u) + c (the potentials' translation
             freedom of a balanced problem): every mixed iterate is centred to <w, u> = 0.
             None when there is no such freedom.
+        reduce: for an iterate sharded over processes (each holds N of its entries): sums
+            per-process partial sums over the processes (``Backend.reduce_sum``). Every inner
+            product of a step (the least-squares system, the gauge's, the marginal error)
+            then goes through one call of it per step; None: the iterate is whole.
     """
 
-    def __init__(self, like: torch.Tensor, memory: int, gauge: torch.Tensor | None = None):
+    def __init__(self, like: torch.Tensor, memory: int, gauge: torch.Tensor | None = None,
+                 reduce=None):  # fmt: skip
         B, N = like.shape
         self.m = int(memory)
         # Circular buffers of the last differences of iterates and of residuals; a problem's
@@ -145,12 +150,18 @@ class Anderson:
         self.dU = like.new_zeros(B, self.m, N)
         self.dR = like.new_zeros(B, self.m, N)
         self.slot = 0
-        self.gauge = None if gauge is None else gauge / gauge.sum(-1, keepdim=True)
+        self.reduce = reduce
+        if gauge is not None:
+            mass = gauge.sum(-1, keepdim=True)
+            gauge = gauge / (mass if reduce is None else reduce(mass))
+        self.gauge = gauge
         self._eye = torch.eye(self.m, dtype=like.dtype, device=like.device)
         self._prev = None  # (u, r, err) of the last accepted iterate
         self._mixed = torch.zeros(B, dtype=torch.bool, device=like.device)
         #: rejected mixed iterates, summed over the batch (a device counter)
         self.rejected = torch.zeros((), dtype=torch.long, device=like.device)
+        #: (B,) marginal error of the last step's input plan, over every process
+        self.err: torch.Tensor | None = None
 
     def step(self, u: torch.Tensor, Fu: torch.Tensor, err: torch.Tensor) -> torch.Tensor:
         """The next iterate from the current one, its image and the error of its plan.
@@ -158,36 +169,90 @@ class Anderson:
         Args:
             u: (B, N) current iterate.
             Fu: (B, N) its image under the fixed-point map.
-            err: (B,) marginal error of the plan that ``u`` defines.
+            err: (B,) marginal error of the plan that ``u`` defines (this process's part of
+                it with ``reduce``; :attr:`err` holds the whole after the step).
         """
+        if self.reduce is not None:
+            return self._sharded_step(u, Fu, err)
+        self.err = err
         r = Fu - u
         if self._prev is not None:
-            pu, pr, perr = self._prev
-            # Safeguard: a mixed iterate that raised the error is replaced by the plain step
-            # from its predecessor, and that problem's history starts again.
-            bad = self._mixed & (err > perr)
-            self.rejected += bad.sum()
-            keep = bad[:, None]
-            u = torch.where(keep, pu, u)
-            r = torch.where(keep, pr, r)
-            err = torch.where(bad, perr, err)
-            clear = (~bad).to(u.dtype)[:, None, None]
-            self.dU.mul_(clear)
-            self.dR.mul_(clear)
+            pu, pr, _ = self._prev
+            u, r, err, clear = self._safeguard(u, r, err)
             # (zero for the rejected problems: u and r are their predecessors again)
             self.dU[:, self.slot] = u - pu
             self.dR[:, self.slot] = r - pr
             self.slot = (self.slot + 1) % self.m
         self._prev = (u, r, err)
         gram = self.dR @ self.dR.transpose(1, 2)  # (B, m, m)
-        trace = gram.diagonal(dim1=1, dim2=2).sum(-1)
-        reg = ANDERSON_REG * trace + torch.finfo(u.dtype).tiny
-        # Cholesky of the regularised (SPD) Gram matrix: no pivoting, no host synchronisation.
-        chol, _ = torch.linalg.cholesky_ex(gram + reg[:, None, None] * self._eye)
-        gamma = torch.cholesky_solve(self.dR @ r[:, :, None], chol)
-        gamma = torch.nan_to_num(gamma, nan=0.0, posinf=0.0, neginf=0.0)
+        gamma, trace = self._solve(gram, self.dR @ r[:, :, None])
         mixed = u + r - ((self.dU + self.dR) * gamma).sum(1)
         self._mixed = trace > 0
         if self.gauge is not None:
             mixed = mixed - (self.gauge * mixed).sum(-1, keepdim=True)
+        return mixed
+
+    def _safeguard(self, u, r, err):
+        """A mixed iterate that raised the error is replaced by the plain step from its
+        predecessor, and that problem's history starts again: ``(u, r, err, keep)`` with
+        keep (B, 1, 1) 0 for the rejected problems (their history is zeroed)."""
+        pu, pr, perr = self._prev
+        bad = self._mixed & (err > perr)
+        self.rejected += bad.sum()
+        u = torch.where(bad[:, None], pu, u)
+        r = torch.where(bad[:, None], pr, r)
+        err = torch.where(bad, perr, err)
+        keep = (~bad).to(u.dtype)[:, None, None]
+        self.dU.mul_(keep)
+        self.dR.mul_(keep)
+        return u, r, err, keep
+
+    def _solve(self, gram: torch.Tensor, rhs: torch.Tensor):
+        """(γ (B, m, 1), trace (B,)) of the regularised least squares gram γ = rhs."""
+        trace = gram.diagonal(dim1=1, dim2=2).sum(-1)
+        reg = ANDERSON_REG * trace + torch.finfo(gram.dtype).tiny
+        # Cholesky of the regularised (SPD) Gram matrix: no pivoting, no host synchronisation.
+        chol, _ = torch.linalg.cholesky_ex(gram + reg[:, None, None] * self._eye)
+        gamma = torch.cholesky_solve(rhs, chol)
+        return torch.nan_to_num(gamma, nan=0.0, posinf=0.0, neginf=0.0), trace
+
+    def _sharded_step(self, u, Fu, err):
+        """:meth:`step` of an iterate sharded over processes, with one ``reduce`` of every
+        partial sum: the history is updated first as if the mixed iterate were kept, and a
+        rejected problem's sums are replaced afterwards by those of a cleared history (zero
+        Gram matrix and right-hand side; the plain step from its predecessor)."""
+        B, m = u.shape[0], self.m
+        r = Fu - u
+        prev = self._prev
+        if prev is not None:
+            pu, pr, _ = prev
+            self.dU[:, self.slot] = u - pu
+            self.dR[:, self.slot] = r - pr
+            self.slot = (self.slot + 1) % m
+        gram = (self.dR @ self.dR.transpose(1, 2)).reshape(B, -1)
+        parts = [gram, (self.dR @ r[:, :, None])[..., 0], err.reshape(B, 1)]
+        if self.gauge is not None:
+            gw = self.gauge[:, None, :]
+            parts += [(gw * (self.dU + self.dR)).sum(-1), (self.gauge * (u + r)).sum(-1, True)]
+            if prev is not None:
+                parts.append((self.gauge * (pu + pr)).sum(-1, keepdim=True))
+        sums = self.reduce(torch.cat(parts, -1))
+        gram = sums[:, : m * m].reshape(B, m, m)
+        rhs = sums[:, m * m : m * m + m, None]
+        err = self.err = sums[:, m * m + m]
+        if prev is not None:
+            u, r, err, good = self._safeguard(u, r, err)
+            gram, rhs = gram * good, rhs * good
+            bad = good[:, 0, 0] == 0
+        self._prev = (u, r, err)
+        gamma, trace = self._solve(gram, rhs)
+        mixed = u + r - ((self.dU + self.dR) * gamma).sum(1)
+        self._mixed = trace > 0
+        if self.gauge is not None:
+            k = m * m + m + 1
+            # <w, mixed> = <w, u + r> − Σ_k γ_k <w, dU_k + dR_k>
+            centre = sums[:, k + m] - (sums[:, k : k + m] * gamma[..., 0]).sum(-1)
+            if prev is not None:
+                centre = torch.where(bad, sums[:, k + m + 1], centre)
+            mixed = mixed - centre[:, None]
         return mixed

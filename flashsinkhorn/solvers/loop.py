@@ -318,6 +318,13 @@ def _graphed_block(problem, backend, eps, opts, relax, phase, keys, block_step, 
     return block.run(f, g, None if relax is None else relax.tensor(f))
 
 
+def _passed(errors: ErrorHistory, done: int, err: torch.Tensor, tol: float) -> bool:
+    """Records the error of a convergence test; True when every problem passed."""
+    worst = float(err.max())
+    errors.append((done, worst))
+    return worst <= tol
+
+
 def _run_anderson(problem, backend, f, g, eps, opts, phase, done):
     """Anderson mixing of the schedule's fixed-point map. Alternating: the iterate is g and
     the map g ↦ λ_y T(λ_x T(g)) (f follows from g, so the row marginal is exact); symmetric:
@@ -328,11 +335,14 @@ def _run_anderson(problem, backend, f, g, eps, opts, phase, done):
     lx, ly = X.damping(eps), Y.damping(eps)
     alternating = opts.schedule == "alternating"
     balanced = X.rho is None and Y.rho is None
+    # A sharded backend sums the mixing's inner products over its processes, the error of
+    # each iteration with them (one reduction per iteration); a whole problem reduces nothing.
+    reduce = backend.reduce_sum if backend.capabilities.sharded else None
     if alternating:
         # (The first iteration, with no history, is the plain alternating step.)
-        mixer = Anderson(g, opts.anderson_memory, Y.w if balanced else None)
+        mixer = Anderson(g, opts.anderson_memory, Y.w if balanced else None, reduce)
     else:
-        mixer = Anderson(torch.cat([f, g], -1), opts.anderson_memory)
+        mixer = Anderson(torch.cat([f, g], -1), opts.anderson_memory, reduce=reduce)
     n = f.shape[-1]
     errors = ErrorHistory(opts.progress, done, opts.n_iters, opts.tol)
     converged, err = False, None
@@ -349,18 +359,26 @@ def _run_anderson(problem, backend, f, g, eps, opts, phase, done):
             )
             phase = _NEXT_PHASE[phase]
             err = side_error(X, f, tf, eps) + side_error(Y, g, tg, eps)
-        if _is_check(opts, k):
-            err = backend.bound_error(backend.reduce_error(err))
-            worst = float(err.max())
-            errors.append((done, worst))
-            if worst <= tol:
+        check = _is_check(opts, k)
+        if check and reduce is None:
+            err = backend.bound_error(err)
+            if _passed(errors, done, err, tol):
                 converged = True
                 break
         if alternating:
-            g = mixer.step(g, g_img, err)
+            mixed = mixer.step(g, g_img, err)
         else:
-            u = mixer.step(torch.cat([f, g], -1), torch.cat([f_img, g_img], -1), err)
-            f, g = u[..., :n], u[..., n:]
+            mixed = mixer.step(torch.cat([f, g], -1), torch.cat([f_img, g_img], -1), err)
+        if check and reduce is not None:
+            # the error of the whole problem came with the mixing's sums
+            err = backend.bound_error(mixer.err)
+            if _passed(errors, done, err, tol):
+                converged = True
+                break
+        if alternating:
+            g = mixed
+        else:
+            f, g = mixed[..., :n], mixed[..., n:]
         done += 1
     if not converged and alternating:
         # The returned plan is (λ_x T(g), g): its row marginal is exact.

@@ -58,6 +58,27 @@ class TritonBackend(Backend):
             return plan_self.self_step(X, f, eps, alpha, beta, want_raw, precision, phase)
         return softmin.softmin(X, X, f, eps, f, alpha, beta, want_raw, precision)
 
+    def has_plan_sums(self, X, Y, eps, cols):
+        # the conditions of this backend's own plan steps (symmetric_step, half_step), less
+        # the half-step's size threshold (a sharded problem's blocks are large by design)
+        ok = eps < X.large_eps and plan.eligible(X, Y)
+        if cols:
+            return ok and TUNING.plan_step and plan.preferred(X)
+        return ok and TUNING.plan_half
+
+    def plan_sums(self, X, Y, f, g, eps, precision, shift, cols):
+        from . import plan_block
+
+        return plan_block.block_sums(X, Y, f, g, eps, precision, shift, cols)
+
+    def plan_shift(self, X, Y, f, g, eps, phase):
+        return plan.phase_shift(X, Y, f, g, eps, phase) if phase in plan.PHASES else None
+
+    def sums_step(self, rows, sums, old, eps, alpha, beta, want_raw, shift, redo):
+        from . import plan_block
+
+        return plan_block.sums_step(rows, sums, old, eps, alpha, beta, want_raw, shift, redo)
+
     def softmin_pair(self, first, second, eps, alpha, want_raw, precision):
         from . import pair
 

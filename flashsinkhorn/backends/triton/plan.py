@@ -14,6 +14,7 @@ synchronisation either way). Derivation and range argument: docs/kernels.md.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -335,56 +336,93 @@ def symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, 
 
 
 def _symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, phase):
-    B, n, d = X.x.shape
+    B, n, _ = X.x.shape
     m = Y.x.shape[1]
-    shift = phase_shift(X, Y, f, g, eps, phase)
-    xx, xy, dot_scale, prec = operands(X, Y, precision)
-    cfg = plan_config(d, is_half(xx, prec))
+    sw = sweep(X, Y, f, g, eps, precision, phase_shift(X, Y, f, g, eps, phase), cols=True)
     out = softmin.step_outputs(f, g, want_raw)
     f_new, g_new, f_raw, g_raw = out
+    ncx = cdiv(n, FINISH_BLOCK)
+    launch(_plan_finish_kernel, (ncx + cdiv(m, FINISH_BLOCK), B),
+        sw.prow, sw.pcol, X.sq, Y.sq, sw.u, sw.v, f, g, f_new, g_new, f_raw, g_raw, sw.flag,
+        sw.shift, n, m, ncx, sw.split, sw.groups, f.stride(0), g.stride(0), f.numel(),
+        sw.groups * m, int(sw.has_shift), float(eps), float(alpha), float(beta_x), float(beta_y),
+        BLOCK=FINISH_BLOCK, PARTS=FINISH_PARTS, WRITE_RAW=want_raw, COST=cost_id(X.cost),
+        **FP_FUSION,
+    )  # fmt: skip
+    # Runs (and overwrites the outputs) only where the flag was raised.
+    return softmin.symmetric_step(
+        X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, out=out, guard=sw.flag
+    )
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The partial sums of one plan sweep (:func:`sweep`) and what its finishing kernel reads.
+
+    Attributes:
+        prow: (split, B, n) row sums of the plan over each column chunk.
+        pcol: (B, groups, m) column sums over each group of row blocks (None without ``cols``).
+        u, v: (B, n), (B, m) base-2 biases of the plan's exponent (the shift is in u).
+        flag: (1,) device flag, reset by the sweep.
+        shift: the (B,) shift, or ``flag`` as a placeholder when ``has_shift`` is False.
+    """
+
+    prow: torch.Tensor
+    pcol: torch.Tensor | None
+    u: torch.Tensor
+    v: torch.Tensor
+    flag: torch.Tensor
+    shift: torch.Tensor
+    has_shift: bool
+    split: int
+    groups: int
+
+
+def sweep(X, Y, f, g, eps, precision, shift, cols: bool) -> Sweep:
+    """The bias and sweep launches of the plan of (f, g) over X × Y, shifted by ``shift``
+    ((B,) or None): row sums per column chunk and, with ``cols``, column sums per group of
+    row blocks (``COLS``), neither finished nor range-checked."""
+    B, n, d = X.x.shape
+    m = Y.x.shape[1]
+    xx, xy, dot_scale, prec = operands(X, Y, precision)
+    cfg = plan_config(d, is_half(xx, prec)) if cols else half_config(d, is_half(xx, prec))
     nbx = cdiv(n, cfg.block_m)
-    # Row-block groups: at most GROUPS_PER_SM per SM per problem (each group owns one row of
-    # column partials), the columns split as for the soft-min so that the grid fills the GPU.
-    groups = min(nbx, GROUPS_PER_SM * sm_count(X.x.device))
-    grouped = groups < nbx
-    split = split_for(groups * B, m, cfg, X.x.device)
-    cps = chunk(m, split, cfg.block_n)
-    split = cdiv(m, cps)
-    prow = torch.empty((split,) + tuple(f.shape), dtype=torch.float32, device=f.device)
-    pcol = torch.empty((B, groups, m), dtype=torch.float32, device=f.device)
+    if cols:
+        # Row-block groups: at most GROUPS_PER_SM per SM per problem (each group owns one row
+        # of column partials), the columns split as for the soft-min so that the grid fills
+        # the GPU.
+        groups = min(nbx, GROUPS_PER_SM * sm_count(X.x.device))
+        split = split_for(groups * B, m, cfg, X.x.device)
+        cps = chunk(m, split, cfg.block_n)
+        split = cdiv(m, cps)
+    else:
+        groups = nbx
+        split, cps = plan_split(nbx * B, m, cfg.block_n, X.x.device)
+    prow = torch.empty((split, B, n), dtype=torch.float32, device=f.device)
+    pcol = torch.empty((B, groups, m), dtype=torch.float32, device=f.device) if cols else None
     flag = torch.empty(1, dtype=torch.float32, device=f.device)
     cost = cost_id(X.cost)
     u = torch.empty((B, n), dtype=torch.float32, device=f.device)
     v = torch.empty((B, m), dtype=torch.float32, device=f.device)
     ncx = cdiv(n, FINISH_BLOCK)
-    grid = (ncx + cdiv(m, FINISH_BLOCK), B)
     has_shift = shift is not None
     shift = shift.contiguous() if has_shift else flag
-    launch(_plan_bias_kernel, grid,
+    launch(_plan_bias_kernel, (ncx + cdiv(m, FINISH_BLOCK), B),
         X.sq, Y.sq, X.logw, Y.logw, f, g, u, v, shift, n, m, ncx, f.stride(0), g.stride(0),
         int(has_shift), float(eps),
         BLOCK=FINISH_BLOCK, COST=cost, **FP_FUSION,
     )  # fmt: skip
     launch(_plan_fwd_kernel, (groups, B, split),
-        xx, xy, X.sq, Y.sq, u, v, prow, pcol, flag,
+        xx, xy, X.sq, Y.sq, u, v, prow, prow if pcol is None else pcol, flag,
         n, m, d, cps, nbx, groups,
         xx.stride(0), xx.stride(1), xy.stride(0), xy.stride(1), f.stride(0), g.stride(0),
-        f.numel(), groups * m, float(eps), float(dot_scale), float(X.sq_floor),
+        B * n, groups * m if cols else 0, float(eps), float(dot_scale), float(X.sq_floor),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
         PRECISION=prec, COST=cost, EVEN_D=even_d(cfg, d, xx, xy),
-        GROUPED=grouped, COLS=True,
+        GROUPED=groups < nbx, COLS=cols,
         **cfg.launch_options(), **FP_FUSION,
     )  # fmt: skip
-    launch(_plan_finish_kernel, grid,
-        prow, pcol, X.sq, Y.sq, u, v, f, g, f_new, g_new, f_raw, g_raw, flag, shift,
-        n, m, ncx, split, groups, f.stride(0), g.stride(0), f.numel(), groups * m, int(has_shift),
-        float(eps), float(alpha), float(beta_x), float(beta_y),
-        BLOCK=FINISH_BLOCK, PARTS=FINISH_PARTS, WRITE_RAW=want_raw, COST=cost, **FP_FUSION,
-    )  # fmt: skip
-    # Runs (and overwrites the outputs) only where the flag was raised.
-    return softmin.symmetric_step(
-        X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision, out=out, guard=flag
-    )
+    return Sweep(prow, pcol, u, v, flag, shift, has_shift, split, groups)
 
 
 #: Scores per half-step (B·n·m) from which the plan half-step is taken. Its sweep is faster
@@ -423,35 +461,14 @@ def half_step(rows, cols, col_pot, eps, old, alpha, beta, want_raw, precision):
 
 
 def _half_step(rows, cols, col_pot, eps, old, alpha, beta, want_raw, precision):
-    B, n, d = rows.x.shape
+    B, n, _ = rows.x.shape
     m = cols.x.shape[1]
-    xr, xc, dot_scale, prec = operands(rows, cols, precision)
-    cfg = half_config(d, is_half(xr, prec))
+    sw = sweep(rows, cols, old, col_pot, eps, precision, None, cols=False)
+    prow, u, v, flag, split = sw.prow, sw.u, sw.v, sw.flag, sw.split
     out = torch.empty_like(old)
     raw = torch.empty_like(old) if want_raw else out
-    nbx = cdiv(n, cfg.block_m)
-    split, cps = plan_split(nbx * B, m, cfg.block_n, rows.x.device)
-    prow = torch.empty((split,) + tuple(old.shape), dtype=torch.float32, device=old.device)
-    flag = torch.empty(1, dtype=torch.float32, device=old.device)
     cost = cost_id(rows.cost)
-    u = torch.empty((B, n), dtype=torch.float32, device=old.device)
-    v = torch.empty((B, m), dtype=torch.float32, device=old.device)
     ncx = cdiv(n, FINISH_BLOCK)
-    launch(_plan_bias_kernel, (ncx + cdiv(m, FINISH_BLOCK), B),
-        rows.sq, cols.sq, rows.logw, cols.logw, old, col_pot, u, v, flag, n, m, ncx,
-        old.stride(0), col_pot.stride(0), 0, float(eps),
-        BLOCK=FINISH_BLOCK, COST=cost, **FP_FUSION,
-    )  # fmt: skip
-    launch(_plan_fwd_kernel, (nbx, B, split),
-        xr, xc, rows.sq, cols.sq, u, v, prow, prow, flag,
-        n, m, d, cps, nbx, nbx,
-        xr.stride(0), xr.stride(1), xc.stride(0), xc.stride(1), old.stride(0),
-        col_pot.stride(0), old.numel(), 0, float(eps), float(dot_scale), float(rows.sq_floor),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
-        PRECISION=prec, COST=cost, EVEN_D=even_d(cfg, d, xr, xc),
-        GROUPED=False, COLS=False,
-        **cfg.launch_options(), **FP_FUSION,
-    )  # fmt: skip
     # The row side of the finishing kernel only (its grid stops before the column blocks).
     launch(_plan_finish_kernel, (ncx, B),
         prow, prow, rows.sq, cols.sq, u, v, old, col_pot, out, out, raw, raw, flag, flag,
