@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from ._timing import section
+
 NO_GROUP_MESSAGE = (
     "flashsinkhorn.distributed needs an initialised torch.distributed process group: call "
     "torch.distributed.init_process_group (backend 'nccl' with one GPU per rank, or 'gloo' on "
@@ -74,7 +76,8 @@ class Comm:
     def all_reduce(self, t: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
         """Reduces ``t`` in place over the group and returns it."""
         if self.world > 1:
-            dist.all_reduce(t, op=op, group=self.group)
+            with section("comm", t.device):
+                dist.all_reduce(t, op=op, group=self.group)
         return t
 
     def all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
@@ -82,7 +85,8 @@ class Comm:
         if self.world == 1:
             return [t]
         out = [torch.empty_like(t) for _ in range(self.world)]
-        dist.all_gather(out, t.contiguous(), group=self.group)
+        with section("comm", t.device):
+            dist.all_gather(out, t.contiguous(), group=self.group)
         return out
 
     def gather_dim1(self, parts: Sequence[torch.Tensor], sizes: Sequence[Sequence[int]]):
@@ -124,8 +128,9 @@ class Comm:
         self,
         local: list[torch.Tensor],
         shapes: Callable[[int], list[tuple[tuple[int, ...], torch.dtype]]],
-        visit: Callable[[int, list[torch.Tensor]], None],
-    ) -> None:
+        visit: Callable[[int, list[torch.Tensor]], torch.Tensor | None],
+        carry: Callable[[int], tuple[tuple[int, ...], torch.dtype]] | None = None,
+    ) -> torch.Tensor | None:
         """Passes every rank's buffers once around the ring, overlapping transfer and compute.
 
         At step s this rank holds the buffers of rank ``(rank - s) mod world``: it posts their
@@ -135,20 +140,32 @@ class Comm:
         the largest shard, allocated once per layout and reused by every later pass: the slot
         being visited (and sent) is never the one being received into.
 
+        With ``carry``, an accumulator travels with each rank's buffers, one step behind
+        them: ``visit`` returns this rank's contribution to the owner's accumulator (a
+        tensor of shape and dtype ``carry(owner)``), the contribution of the previous rank
+        arrives while it computes, and their sum goes on to the next rank in the following
+        step's batch. After the last step one more exchange hands each accumulator, now the
+        sum of every rank's contribution, back to its owner.
+
         Args:
             local: this rank's buffers (contiguous).
             shapes: ``shapes(r)`` gives the (shape, dtype) of each buffer of rank r.
             visit: called once per rank's buffers, this rank's own first; it must not keep
                 references to them (the slots are overwritten by the next passes).
+            carry: ``carry(r)``: (shape, dtype) of rank r's accumulator, or None for none.
+
+        Returns:
+            This rank's accumulator (the sum over ranks), or None without ``carry``.
         """
         if self.world == 1:
-            visit(self.rank, local)
-            return
+            part = visit(self.rank, local)
+            return part if carry is not None else None
         layouts = [shapes(r) for r in range(self.world)]
         pool = self._pool(layouts)
         owner, cur = self.rank, local
+        acc = None  # the accumulator of the shard visited last, to pass on
         for step in range(self.world):
-            reqs = []
+            ops = []
             if step < self.world - 1:
                 src = (owner - 1) % self.world
                 slot = pool[step % 2]
@@ -156,14 +173,35 @@ class Comm:
                     buf[: math.prod(s)].view(s)
                     for buf, (s, _) in zip(slot, layouts[src], strict=True)
                 ]
-                ops = [dist.P2POp(dist.isend, t, self.next_peer, self.group) for t in cur]
+                ops += [dist.P2POp(dist.isend, t, self.next_peer, self.group) for t in cur]
                 ops += [dist.P2POp(dist.irecv, t, self.prev_peer, self.group) for t in nxt]
-                reqs = dist.batch_isend_irecv(ops)
-            visit(owner, cur)
-            for r in reqs:
-                r.wait()
-            if reqs:
+            got = None
+            if carry is not None and step > 0:
+                # the previous rank's sum for the shard in hand; ours goes on to the next
+                shape, dtype = carry(owner)
+                got = torch.empty(shape, dtype=dtype, device=self.device)
+                ops += [dist.P2POp(dist.isend, acc, self.next_peer, self.group)]
+                ops += [dist.P2POp(dist.irecv, got, self.prev_peer, self.group)]
+            reqs = dist.batch_isend_irecv(ops) if ops else []
+            part = visit(owner, cur)
+            with section("comm", self.device):
+                for r in reqs:
+                    r.wait()
+            if carry is not None:
+                acc = part.contiguous() if got is None else part + got
+            if step < self.world - 1:
                 owner, cur = src, nxt
+        if carry is None:
+            return None
+        # acc is the whole sum of the next rank's accumulator: hand it over, take ours
+        shape, dtype = carry(self.rank)
+        own = torch.empty(shape, dtype=dtype, device=self.device)
+        ops = [dist.P2POp(dist.isend, acc, self.next_peer, self.group)]
+        ops += [dist.P2POp(dist.irecv, own, self.prev_peer, self.group)]
+        with section("comm", self.device):
+            for r in dist.batch_isend_irecv(ops):
+                r.wait()
+        return own
 
     def _pool(self, layouts) -> list[list[torch.Tensor]]:
         """Two slots of flat receive buffers for these per-rank layouts (cached)."""

@@ -38,9 +38,11 @@ from ..solvers.objective import (
     relaxed_integrand,
     side_error,
 )
+from . import _block
 from . import _checks as C
 from ._comm import Comm, comm_device, require_group
 from ._sweep import LargeMerge, epilogue, merge_softmin, payload, unit_columns, unpack
+from ._timing import section
 
 
 @dataclass
@@ -195,12 +197,11 @@ class Sharded:
         problem = Problem(sx_, sy_, False, self.precision, centre, stats)
         # "auto" resolved, the ladder, and the range checks, the plan floor of a solve with a
         # tolerance, the large-eps sides: from global statistics, so every rank decides alike.
-        problem, opts, eps_list = admit(problem, opts)
-        if opts.acceleration == "anderson":
-            raise ValueError(
-                "acceleration='anderson' is not available for sharded solves (its mixing "
-                "needs inner products over every rank); use 'overrelax' or 'auto'"
-            )
+        # "auto" resolves as for one process on the whole problem (its scores per half-step)
+        problem, opts, eps_list = admit(
+            problem, opts, long_iterations=self.impl.capabilities.long_iterations,
+            work=self.n * self.m,
+        )  # fmt: skip
         self.opts, self.eps_list = opts, eps_list
         self.problem = problem
         self.X, self.Y = self.problem.X, self.problem.Y
@@ -308,6 +309,10 @@ class Sharded:
         Soft-min-only halves of both sides share one launch (``Backend.softmin_pair``: fused
         on Triton).
         """
+        with section("kernels", self.X.x.device):
+            self._visit_kernels(halves, ops, eps, merges, grads)
+
+    def _visit_kernels(self, halves, ops, eps, merges, grads):
         prec = self.precision
         soft = {s: h for s, h in halves.items() if "softmin" in ops[s] and h[1] is not None}
         if len(soft) == 2 and ops["X"] == ops["Y"] == {"softmin"}:
@@ -476,7 +481,9 @@ class ShardedBackend(Backend):
     """
 
     # sweeps over every rank's columns: no transports, and launches outside any one graph
-    capabilities = Capabilities(transports=False, second_order=False, graph_safe=False)
+    capabilities = Capabilities(
+        transports=False, second_order=False, graph_safe=False, sharded=True
+    )
 
     def __init__(self, sharded: Sharded):
         self.sh = sharded
@@ -493,8 +500,24 @@ class ShardedBackend(Backend):
 
     def symmetric_step(self, X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision,
                        phase="cold"):  # fmt: skip
+        # the backend's fused plan sweep on this rank's block (_block.py), else a pair sweep
+        out = _block.symmetric_step(self.sh, f, g, eps, alpha, beta_x, beta_y, want_raw, phase)
+        if out is not None:
+            return out
         tf, tg = self.sh.softmins(f, g, eps, ("X", "Y"))
         return epilogue(f, tf, alpha, beta_x), epilogue(g, tg, alpha, beta_y), tf, tg
 
+    def half_step(self, rows, cols, col_pot, eps, old, alpha, beta, want_raw, precision,
+                  phase="cold"):  # fmt: skip
+        which = "X" if rows is self.sh.X else "Y"
+        return _block.half_step(self.sh, which, col_pot, eps, old, alpha, beta, want_raw, phase)
+
+    def self_step(self, X, f, eps, alpha, beta, want_raw, precision, phase="cold"):
+        # one side against itself: the half-step of its rows with the same potential
+        return _block.half_step(self.sh, "X", f, eps, f, alpha, beta, want_raw, phase)
+
     def reduce_error(self, err: torch.Tensor) -> torch.Tensor:
         return self.sh.global_error(err)
+
+    def reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        return self.sh.global_error(t)

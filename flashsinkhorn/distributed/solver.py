@@ -38,6 +38,7 @@ class DistributedSinkhornResult:
         world_size: number of ranks in the group.
         mode: "gather" or "ring".
         schedule: the schedule that ran, "symmetric" or "alternating".
+        acceleration: the acceleration that ran, "none", "overrelax" or "anderson".
         backend: "torch" or "triton".
         precision: dot-product precision used ("ieee", "tf32", "tf32x3").
     """
@@ -58,6 +59,7 @@ class DistributedSinkhornResult:
     world_size: int = 1
     mode: str = "gather"
     schedule: str = "symmetric"
+    acceleration: str = "none"
     backend: str = "torch"
     precision: str = "ieee"
 
@@ -79,7 +81,8 @@ def _result(sh: Sharded, out, value) -> DistributedSinkhornResult:
         converged=out.converged, marginal_error=None if err is None else err[0],
         errors=out.errors, n=sh.n, m=sh.m, offset_x=sh.off_x, offset_y=sh.off_y,
         rank=sh.comm.rank, world_size=sh.comm.world, mode=sh.mode,
-        schedule=sh.opts.schedule, backend=sh.impl.name, precision=sh.precision,
+        schedule=sh.opts.schedule, acceleration=sh.opts.acceleration, backend=sh.impl.name,
+        precision=sh.precision,
     )  # fmt: skip
 
 
@@ -137,11 +140,13 @@ def sinkhorn(
         check_every: iterations between two convergence tests, the only host
             synchronisations of the loop (one all-reduce each). Default 10.
         schedule: as in :func:`flashsinkhorn.sinkhorn`. Default "auto".
-        acceleration: as in :func:`flashsinkhorn.sinkhorn`, except that "anderson" is not
-            available (its least squares would need inner products over every rank); the
-            adaptive over-relaxation reads the global errors of the convergence tests.
+        acceleration: as in :func:`flashsinkhorn.sinkhorn`, resolved as for one process on the
+            whole problem (Anderson mixing by default on GPUs from 10⁹ scores per half-step);
+            Anderson's inner products and the marginal error are reduced over the ranks in
+            one all-reduce per iteration, the over-relaxation reads the global errors of the
+            convergence tests. Default "auto".
         omega: as in :func:`flashsinkhorn.sinkhorn`. Default None (adaptive).
-        anderson_memory: accepted for a uniform signature; Anderson mixing is not available.
+        anderson_memory: as in :func:`flashsinkhorn.sinkhorn`. Default 5.
         scaling: as in :func:`flashsinkhorn.sinkhorn`. Default "auto".
         diameter: largest distance between points for annealing; None estimates it from the
             global bounding box.
