@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# flashsinkhorn.distributed on a two-GPU machine, in one call (see docs/distributed.md).
+# flashsinkhorn.distributed scaling suite on a multi-GPU machine, in one call
+# (see docs/distributed.md and bench/bench_distributed.py).
 #
-#   bash bench/gpu_distributed.sh            # everything into ./out
-#   OUT=/some/dir bash bench/gpu_distributed.sh
+#   NGPU=4 bash bench/gpu_distributed.sh          # 1, 2 and 4 GPUs into ./out
+#   OUT=/some/dir NGPU=2 bash bench/gpu_distributed.sh
 #
-# Steps: NCCL correctness check (sharded vs one GPU, both modes and schedules, gradients);
-# n = m = 1M, d = 64, 10 iterations (tol=None, fp32) on one GPU, then on two (gather, ring);
-# n = m = 2M on two GPUs (gather, then ring while time remains); the CPU/gloo test file while
-# time remains; the table last. Output: $OUT/distributed.json, $OUT/distributed.log,
-# $OUT/tests.log.
+# Steps: the suite on one GPU (no torchrun), on two, then on NGPU (each part: fixed
+# iterations at 10⁶·√W and 2·10⁶ points, 4·10⁶ from 4 GPUs on; to tol 1e-3 with the default
+# at 2·10⁶ on one GPU and from 4 on; the divergence and its gradient from 4 on); the NCCL
+# correctness check while time remains (CHECK_BEFORE seconds); the table last.
+# Output: $OUT/distributed.json, $OUT/distributed.log.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -21,40 +22,26 @@ export OMP_NUM_THREADS=4
 J="$OUT/distributed.json"
 LOG="$OUT/distributed.log"
 rm -f "$J"
-NGPU="${NGPU:-2}"
-RUN="python3 -m torch.distributed.run --standalone --nproc-per-node=$NGPU"
+NGPU="${NGPU:-4}"
 B=bench/bench_distributed.py
+run() { python3 -m torch.distributed.run --standalone --nproc-per-node="$1" $B "${@:2}"; }
 
 {
 echo "=== versions"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, "gpus", torch.cuda.device_count())'
 
-echo "=== NCCL check (t=${SECONDS}s)"
-timeout 150 $RUN $B --check --check-n 20000 --out "$J"
-
-echo "=== 1M x 1M, d=64, 10 its, one GPU (t=${SECONDS}s)"
-timeout 120 python3 $B --single --points 1000000 --out "$J"
-
-echo "=== 1M x 1M, d=64, 10 its, $NGPU GPUs (t=${SECONDS}s)"
-timeout 150 $RUN $B --points 1000000 --modes gather,ring --out "$J"
-
-echo "=== 2M x 2M, d=64, 10 its, $NGPU GPUs, gather (t=${SECONDS}s)"
-timeout 180 $RUN $B --points 2000000 --modes gather --out "$J"
-
-if (( SECONDS < ${RING2M_BEFORE:-380} )); then
-    echo "=== 2M x 2M, ring (t=${SECONDS}s)"
-    timeout $(( 500 - SECONDS )) $RUN $B --points 2000000 --modes ring --out "$J"
-else
-    echo "=== 2M ring skipped: ${SECONDS}s used"
+echo "=== suite, 1 GPU (t=${SECONDS}s)"
+CUDA_VISIBLE_DEVICES=0 timeout 300 python3 $B --suite --out "$J"
+if (( NGPU > 2 )); then
+    echo "=== suite, 2 GPUs (t=${SECONDS}s)"
+    timeout 300 run 2 --suite --out "$J"
 fi
-
-if (( SECONDS < ${TESTS_BEFORE:-380} )); then
-    echo "=== tests/test_distributed.py (gloo, CPU processes) (t=${SECONDS}s)"
-    timeout $(( 505 - SECONDS )) python3 -m pytest -p no:cacheprovider -q tests/test_distributed.py 2>&1 \
-        | tee "$OUT/tests.log" | tail -3
-else
-    echo "=== tests skipped: ${SECONDS}s used"
+echo "=== suite, $NGPU GPUs (t=${SECONDS}s)"
+timeout 400 run "$NGPU" --suite --out "$J"
+if (( SECONDS < ${CHECK_BEFORE:-420} )); then
+    echo "=== NCCL check, $NGPU GPUs (t=${SECONDS}s)"
+    timeout 120 run "$NGPU" --check --check-n 40000 --out "$J"
 fi
 echo "=== done in ${SECONDS}s"
 } 2>&1 | tee "$LOG"
