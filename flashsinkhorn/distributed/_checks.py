@@ -28,11 +28,10 @@ SHARDED_DOCS = {
     "``n_iters`` iterations. Default 1e-3.",
     "check_every": "iterations between two convergence tests, the only host "
     "synchronisations of the loop (one all-reduce each); needs ``tol``. Default 10.",
-    "acceleration": 'as in :func:`flashsinkhorn.sinkhorn`, except that "anderson" is not '
-    "available (its least squares would need inner products over every rank); the adaptive "
-    'over-relaxation reads the global errors of the convergence tests. Default "auto".',
-    "anderson_memory": "accepted for a uniform signature; Anderson mixing is not available, "
-    "so only the default 5 is accepted.",
+    "acceleration": "as in :func:`flashsinkhorn.sinkhorn`, resolved as for one process on the "
+    "whole problem; Anderson's inner products and the marginal error are reduced over the "
+    "ranks in one all-reduce per iteration, the adaptive over-relaxation reads the global "
+    'errors of the convergence tests. Default "auto".',
     "diameter": "largest distance between points for annealing; None (default) estimates it "
     "from the global bounding box.",
 }
