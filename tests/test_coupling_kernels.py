@@ -5,6 +5,8 @@ labels and split column sweeps (the Triton interpreter on the CPU).
 The potentials come from torch-backend solves (the solver's kernels have their own tests);
 both backends then sweep the same plan, so only the rounding of the scores differs."""
 
+import os
+
 import pytest
 import torch
 
@@ -20,6 +22,16 @@ CASES = [(None, 45, 77, 3), (None, 39, 50, 16), (2, 37, 51, 70)]
 # A draw whose two best perturbed scores lie within the backends' score rounding may differ:
 # none did at these sizes; the bound leaves room for one such draw in a hundred.
 AGREE = 0.99
+
+# Triton 3.2's interpreter stores wrong column indices from a sweep split over column chunks
+# (row 0 of every chunk after the first reads 0; the scores it stores are right) and aborts
+# the process on the label sweep; 3.3.1's interpreter gives the reference's indices.
+triton = pytest.importorskip("triton")
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") == "1"
+    and tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 3),
+    reason="Triton < 3.3: the interpreter stores wrong indices of a split column sweep",
+)
 
 
 def _clouds(B, n, m, d, device, seed=0):
