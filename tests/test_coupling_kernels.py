@@ -5,8 +5,6 @@ labels and split column sweeps (the Triton interpreter on the CPU).
 The potentials come from torch-backend solves (the solver's kernels have their own tests);
 both backends then sweep the same plan, so only the rounding of the scores differs."""
 
-import os
-
 import pytest
 import torch
 
@@ -16,6 +14,8 @@ from flashsinkhorn.backends.triton import TritonBackend
 from flashsinkhorn.coupling.sampling import draw_rows
 from flashsinkhorn.tuning import override
 
+from .interpreter_versions import needs_interpreter_3_3
+
 # (B, n, m, d): n, m never multiples of the 32-wide interpreter tiles; d = 16 is one exact
 # feature tile (EVEN_D: aligned, unmasked loads); d = 70 has two d tiles
 CASES = [(None, 45, 77, 3), (None, 39, 50, 16), (2, 37, 51, 70)]
@@ -23,15 +23,7 @@ CASES = [(None, 45, 77, 3), (None, 39, 50, 16), (2, 37, 51, 70)]
 # none did at these sizes; the bound leaves room for one such draw in a hundred.
 AGREE = 0.99
 
-# Triton 3.2's interpreter stores wrong column indices from a sweep split over column chunks
-# (row 0 of every chunk after the first reads 0; the scores it stores are right) and aborts
-# the process on the label sweep; 3.3.1's interpreter gives the reference's indices.
-triton = pytest.importorskip("triton")
-pytestmark = pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") == "1"
-    and tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 3),
-    reason="Triton < 3.3: the interpreter stores wrong indices of a split column sweep",
-)
+pytestmark = needs_interpreter_3_3
 
 
 def _clouds(B, n, m, d, device, seed=0):
