@@ -39,16 +39,21 @@ test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu
 
 # Both ends of the supported versions, each in a venv of its own under BOUNDS_DIR, built anew:
-# LOWEST is pyproject.toml's lower bounds, NEWEST the newest releases. Torch is installed first,
-# then the package with its test extra, which must leave that torch in place (checked). Every
-# subpackage is imported, then BOUNDS_TESTS runs (default: the CPU suite; SMOKE_TESTS is the
-# shorter set that CI runs at the lowest versions). On Linux PyPI's torch is the CUDA build
-# (several GB per venv). A pip constraint file that caps torch (PIP_CONSTRAINT, pip.conf) caps
-# NEWEST too: lift it for the run, e.g. `make test-newest BOUNDS_PIP_ENV=PIP_CONFIG_FILE=/dev/null`.
+# LOWEST is pyproject.toml's lower bounds (and the lowest Triton, for the interpreter tests),
+# NEWEST the newest releases. Torch is installed first, with BOUNDS_TORCH_ARGS, then the other
+# requirements, then the package with its test extra, which must leave that torch in place
+# (checked). Every subpackage is imported, then BOUNDS_TESTS runs (default: the CPU suite;
+# SMOKE_TESTS is the shorter set that CI runs at the lowest versions). On Linux PyPI's torch is
+# the CUDA build (several GB per venv); BOUNDS_TORCH_ARGS="--index-url $(TORCH_CPU_INDEX)" takes
+# the CPU build (about 175 MB for torch 2.6). A pip constraint file that caps torch
+# (PIP_CONSTRAINT, pip.conf) caps NEWEST too: lift it for the run, e.g.
+# `make test-newest BOUNDS_PIP_ENV=PIP_CONFIG_FILE=/dev/null`.
 BOUNDS_DIR ?= .venv-bounds
-LOWEST ?= torch==2.6.0 numpy==1.24.4 scipy==1.10.1
+LOWEST ?= torch==2.6.0 triton==3.2.0 numpy==1.24.4 scipy==1.10.1
 NEWEST ?= torch numpy scipy
 BOUNDS_PIP_ENV ?=
+BOUNDS_TORCH_ARGS ?=
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 SMOKE_TESTS := tests/test_solver.py tests/test_losses.py tests/test_gradients.py \
 	tests/test_validation.py tests/test_compile.py tests/test_otdd.py tests/test_hvp.py \
 	tests/test_multiscale.py tests/test_distributed.py tests/mhc/test_layer_ops.py \
@@ -57,11 +62,15 @@ BOUNDS_TESTS ?= -m "not gpu and not slow" tests
 SUBPACKAGES := flashsinkhorn flashsinkhorn.otdd flashsinkhorn.distributed flashsinkhorn.hessian \
 	flashsinkhorn.mhc flashsinkhorn.multiscale flashsinkhorn.coupling
 
-# $(1): venv name, $(2): the requirements that torch is installed with
+# $(1): venv name, $(2): the requirements (torch's first and alone: BOUNDS_TORCH_ARGS, an index
+# of torch builds, applies to it only)
 define bounds_env
 	rm -rf $(BOUNDS_DIR)/$(1)
 	$(PYTHON) -m venv $(BOUNDS_DIR)/$(1)
-	$(BOUNDS_PIP_ENV) $(BOUNDS_DIR)/$(1)/bin/python -m pip install -q --upgrade $(2)
+	$(BOUNDS_PIP_ENV) $(BOUNDS_DIR)/$(1)/bin/python -m pip install -q --upgrade \
+		$(BOUNDS_TORCH_ARGS) $(filter torch%,$(2))
+	$(BOUNDS_PIP_ENV) $(BOUNDS_DIR)/$(1)/bin/python -m pip install -q --upgrade \
+		$(filter-out torch%,$(2))
 	$(BOUNDS_DIR)/$(1)/bin/python -c "import torch; print(torch.__version__)" \
 		> $(BOUNDS_DIR)/$(1)/torch-before
 	$(BOUNDS_PIP_ENV) $(BOUNDS_DIR)/$(1)/bin/python -m pip install -q -e ".[test]"

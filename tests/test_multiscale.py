@@ -62,17 +62,20 @@ def test_solve_matches_dense(d, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "tol,schedule,acceleration",
-    [(1e-2, "auto", "auto"), (1e-3, "auto", "auto"), (1e-4, "auto", "auto"),
-     (1e-3, "alternating", "anderson"), (1e-3, "symmetric", "none")],
+    "tol,schedule,acceleration,eps",
+    [(1e-2, "auto", "auto", 1e-3), (1e-3, "auto", "auto", 1e-3), (1e-4, "auto", "auto", 1e-3),
+     (1e-3, "alternating", "anderson", 1e-3),
+     # plain averaged steps contract at a rate that scales with eps: 110 fine iterations at
+     # 1e-2 against 1102 at 1e-3, where the pattern still skips 136 of the 256 tile pairs
+     (1e-3, "symmetric", "none", 1e-2)],
 )  # fmt: skip
-def test_reported_error_bounds_dense_error(tol, schedule, acceleration, monkeypatch):
+def test_reported_error_bounds_dense_error(tol, schedule, acceleration, eps, monkeypatch):
     """Converged or not, the reported error is an upper bound of the dense-measured one, for
     every schedule and acceleration of the loop; patterns are built to part of the budget
     (room for the potentials to move before a rebuild)."""
     n, m = 700, 650
     x, y = small_clouds(n, m, d=2, seed=8)
-    kw = dict(eps=1e-3, tol=tol, backend="torch", path="multiscale", schedule=schedule,
+    kw = dict(eps=eps, tol=tol, backend="torch", path="multiscale", schedule=schedule,
               acceleration=acceleration, n_iters=3000)  # fmt: skip
     budgets = []
     build = ms_backend.build_pattern

@@ -72,12 +72,15 @@ def test_an_autograd_worker_thread_reads_the_launching_context():
     with tuning.override(fp16_grad=False):
         launching = contextvars.copy_context()
 
+    # torch 2.6 has no _remove_obj_from_tls: there the entry ends with the worker thread
+    remove = getattr(torch._C, "_remove_obj_from_tls", lambda key: None)
+
     def worker():
         torch._C._stash_obj_in_tls("context", launching)
         try:
             return TUNING.fp16_grad
         finally:
-            torch._C._remove_obj_from_tls("context")
+            remove("context")
 
     assert _in_thread(worker) is False
     assert _in_thread(lambda: TUNING.fp16_grad) is True

@@ -54,14 +54,14 @@ def check_logit_values(logits: torch.Tensor) -> None:
     # for a row of -inf only.
     row_max = logits.amax(-1)
     col_max = logits.amax(-2)
-    bad = torch.stack(
-        [
-            (torch.isnan(row_max) | (row_max == math.inf)).any(),
-            (row_max == -math.inf).any(),
-            (col_max == -math.inf).any(),
-        ]
-    ).tolist()
-    raise_for(sum(1 << k for k, b in enumerate(bad) if b))
+    # The flags as the bits of one integer, read with one item(): under torch.func transforms
+    # torch 2.6 reads no tensor with tolist() ("Cannot access data pointer").
+    bits = (
+        NAN_OR_POS_INF * (torch.isnan(row_max) | (row_max == math.inf)).any()
+        + ROW_OF_NEG_INF * (row_max == -math.inf).any()
+        + COLUMN_OF_NEG_INF * (col_max == -math.inf).any()
+    )
+    raise_for(int(bits))
 
 
 class Flag:
