@@ -125,73 +125,54 @@ def _torch_hands_over_the_context() -> bool:
     return found == [True]
 
 
-@pytest.mark.gpu
-def test_an_override_around_a_cuda_backward_reaches_the_library_functions():
-    # the library's functions keep the forward's switches for a torch that hands its device
-    # threads no context (tuning.keep_for_backward, read by backward_autocast_off)
+def _probe(library: bool):
+    """``(Probe, seen)``: an autograd function whose backward records ``TUNING.fp16_grad`` in
+    ``seen``; ``library``: written as the library's are (``tuning.keep_for_backward`` in the
+    forward, ``backward_autocast_off`` around the backward)."""
     from flashsinkhorn._boundary import backward_autocast_off
 
     seen = []
 
+    def backward(ctx, g):
+        seen.append(TUNING.fp16_grad)
+        return g * 2.0
+
     class Probe(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
-            tuning.keep_for_backward(ctx)
+            if library:
+                tuning.keep_for_backward(ctx)
             return x * 2.0
 
-        @staticmethod
-        @backward_autocast_off
-        def backward(ctx, g):
-            seen.append(TUNING.fp16_grad)
-            return g * 2.0
+    Probe.backward = staticmethod(backward_autocast_off(backward) if library else backward)
+    return Probe, seen
 
+
+def _override_around_a_cuda_backward(library: bool) -> list:
+    Probe, seen = _probe(library)
     x = torch.ones(4, device="cuda", requires_grad=True)
     with tuning.override(fp16_grad=False):
         Probe.apply(x).sum().backward()
     Probe.apply(x).sum().backward()
-    assert seen == [False, True]
+    return seen
+
+
+@pytest.mark.gpu
+def test_an_override_around_a_cuda_backward_reaches_the_library_functions():
+    # the library's functions keep the forward's switches for a torch that hands its device
+    # threads no context (tuning.keep_for_backward, read by backward_autocast_off)
+    assert _override_around_a_cuda_backward(library=True) == [False, True]
 
 
 @pytest.mark.gpu
 def test_an_override_around_a_cuda_backward_reaches_its_function():
     if not _torch_hands_over_the_context():
         pytest.skip(f"torch {torch.__version__} hands its device threads no launching context")
-    seen = []
-
-    class Probe(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2.0
-
-        @staticmethod
-        def backward(ctx, g):
-            seen.append(TUNING.fp16_grad)
-            return g * 2.0
-
-    x = torch.ones(4, device="cuda", requires_grad=True)
-    with tuning.override(fp16_grad=False):
-        Probe.apply(x).sum().backward()
-    Probe.apply(x).sum().backward()
-    assert seen == [False, True]
+    assert _override_around_a_cuda_backward(library=False) == [False, True]
 
 
 def test_a_backward_without_a_launching_context_runs_with_the_forward_switches():
-    from flashsinkhorn._boundary import backward_autocast_off
-
-    seen = []
-
-    class Probe(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            tuning.keep_for_backward(ctx)
-            return x * 2.0
-
-        @staticmethod
-        @backward_autocast_off
-        def backward(ctx, g):
-            seen.append(TUNING.fp16_grad)
-            return g * 2.0
-
+    Probe, seen = _probe(library=True)
     with tuning.override(fp16_grad=False):
         y = Probe.apply(torch.ones(3, requires_grad=True)).sum()
     # a thread of its own, with no switches (and a launching context without any): the
