@@ -477,7 +477,7 @@ def sparse_calls(n: int, device: torch.device, wanted) -> tuple[dict, dict]:
     sol = res.solution
     be, p = sol.backend, sol.problem
     lr, lc = be.layout(p.X), be.layout(p.Y)
-    rowptr, cols = be.pattern.csr["xy"]
+    rowptr, cols = be.state.pattern.csr["xy"]
     hc = (lc.sort(sol.g) / sol.eps + lc.logw).reshape(-1).contiguous()
     xr, xc = lr.x.reshape(-1, 3).contiguous(), lc.x.reshape(-1, 3).contiguous()
     axes = xc.t().contiguous()
