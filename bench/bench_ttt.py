@@ -14,6 +14,8 @@ Protocol
   every provider solves the same problems. Cases (``--quick``: n = m = 2000, B = 8):
 
   - ``u64``: n = m = 10,000, d = 64, x, y ~ U[0,1]^d, eps in {0.1, 0.01, 0.001}.
+  - ``u64_50k``: n = m = 50,000, d = 64, x, y ~ U[0,1]^d, eps in {0.1, 0.01}: the size at
+    which the alternating half-step reads the plan's row sums (backends/triton/plan.py).
   - ``shape3d``: n = m = 50,000, d = 3; x a mixture of 8 Gaussians (centres in [-1, 1]^3,
     std 0.1), y a noisy sphere shell (radius 1, radial noise 0.05); eps = (0.01 · D)² with
     D the diagonal of the bounding box of both clouds.

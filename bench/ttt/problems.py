@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-CASES = ("u64", "shape3d", "mix16", "batched", "unbalanced")
+CASES = ("u64", "u64_50k", "shape3d", "mix16", "batched", "unbalanced")
 
 
 @dataclass
@@ -67,6 +67,12 @@ def make_problems(case: str, quick: bool) -> list[Problem]:
     """The problems of ``case`` (fixed seeds; ``quick``: n = 2000, B = 8)."""
     import torch
 
+    if case == "u64_50k":
+        n = 2000 if quick else 50_000
+        g = _gen(50)
+        x, y = torch.rand(n, 64, generator=g), torch.rand(n, 64, generator=g)
+        a, b = _uniform((n,)), _uniform((n,))
+        return [Problem(case, f"u64_50k/eps={e:g}", x, y, a, b, e) for e in (0.1, 0.01)]
     if case in ("u64", "unbalanced"):
         n = 2000 if quick else 10_000
         g = _gen(64)
