@@ -50,11 +50,16 @@ class Tuning:
         plan_half: the alternating half-steps from an iterate read the soft-min off the row
             sums of the plan, shifted by the old potential (plan.py ``half_step``). False:
             the online-LSE sweep.
+        hopper_half: on Hopper GPUs that half-step's sweep runs as the Gluon kernel that
+            overlaps each tile's tensor-core product with the previous tile's exponentials
+            (backends/triton/half_hopper.py). Off by default: on the H200 it was 4-25 % slower
+            than the plain sweep at d = 64 and 128 (the sweep is bound by instruction issue,
+            not by the product; docs/performance.md).
         softmin_split: force the number of column chunks of a split soft-min sweep; None lets
             the occupancy policy decide.
         transport_split: the same for the transport (P @ V) sweeps.
-        wave_split: transport sweeps are split to fill whole waves of resident blocks. False:
-            about four programs per SM.
+        wave_split: the soft-min, plan half-step and transport sweeps are split to fill whole
+            waves of resident blocks. False: about four programs per SM.
         inplace_merge: split transport sweeps merge their partials into the output in chunk
             order. False: per-chunk partial buffers and a combine launch.
         fp16_grad: at precision "tf32" the envelope gradient multiplies the probability tile
@@ -74,6 +79,7 @@ class Tuning:
     prepare_graphs: bool = True
     plan_step: bool = True
     plan_half: bool = True
+    hopper_half: bool = False
     softmin_split: int | None = None
     transport_split: int | None = None
     wave_split: bool = True

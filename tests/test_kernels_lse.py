@@ -115,22 +115,29 @@ def test_tf32_mode_solves_the_rounded_problem(device, spread):
 
 
 def test_no_recompile_for_new_n(device):
-    """A new n, m at a known d reuses the compiled kernel (n, m are not specialised)."""
+    """A new n, m at a known d reuses the compiled kernel: n and m are not specialised, except
+    whether the column count is a multiple of 16 (the column-vector loads vectorise then,
+    operands.aligned_cols), which costs at most one more compilation."""
     from flashsinkhorn.backends.triton import softmin
 
     if not hasattr(softmin._softmin_fwd_kernel, "device_caches"):
         pytest.skip("interpreter: nothing is compiled")
-    x1, y1 = torch.rand(100, 8, device=device), torch.rand(77, 8, device=device)
-    fs.sinkhorn(x1, y1, eps=0.1, n_iters=2, tol=None, schedule="alternating")
 
     def n_compiled():
         return sum(len(c[0]) for c in softmin._softmin_fwd_kernel.device_caches.values())
 
-    before = n_compiled()
-    for n, m in ((257, 1000), (1024, 96), (3001, 4097)):
+    def solve(n, m):
         x, y = torch.rand(n, 8, device=device), torch.rand(m, 8, device=device)
         fs.sinkhorn(x, y, eps=0.1, n_iters=2, tol=None, schedule="alternating")
-    assert n_compiled() == before
+
+    solve(100, 77)
+    start = n_compiled()
+    solve(1024, 96)  # the other alignment
+    warmed = n_compiled()
+    assert warmed - start <= 1
+    for n, m in ((257, 1000), (3001, 4097), (2048, 160), (77, 300), (4096, 33)):
+        solve(n, m)
+    assert n_compiled() == warmed
 
 
 @pytest.mark.parametrize("split", [1, 2, 3])

@@ -1,8 +1,9 @@
 """Launch configurations chosen by rule, not by autotuning.
 
 A configuration depends only on the feature size d, the dtype and whether the interpreter
-runs the kernel, so a new n or m never triggers a recompilation and the first call costs one
-compilation (no search). The rules were set from H100 measurements (docs/performance.md).
+runs the kernel, so a new n or m triggers no search and at most one more compilation (the
+kernels specialise on whether the column count is a multiple of 16, for vector loads of the
+column vectors: operands.aligned_cols). The rules were set from H100 measurements (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -88,6 +89,18 @@ def half_config(d: int, half_operands: bool = False) -> LSEConfig:
     """Tile shape of the plan half-step (plan.py ``half_step``): the soft-min's, whose sweep
     it repeats without the running max."""
     return _lse_config(d, bool(half_operands), interpreting())
+
+
+#: Tile shape of the Hopper plan half-step (half_hopper.py) at d <= 128: (rows, columns, warps,
+#: stages). Rows per warpgroup are a multiple of 64 (the warpgroup product's M).
+HOPPER_HALF_TILES = (128, 64, 4, 3)
+
+
+def hopper_half_config(d: int) -> LSEConfig:
+    """Tile shape of the Gluon half-step sweep (half_hopper.py) at feature size d (16-bit
+    operands, d <= 128): the whole row tile and ``stages`` column tiles in shared memory."""
+    bm, bn, warps, stages = HOPPER_HALF_TILES
+    return LSEConfig(bm, bn, max(16, next_pow2(d)), 1, warps, stages)
 
 
 def sample_config(d: int, half_operands: bool = False) -> LSEConfig:

@@ -64,6 +64,14 @@ def even_d(cfg, d: int, *ops: torch.Tensor) -> bool:
     return all(t.stride(0) % 16 == 0 and t.stride(1) % 16 == 0 for t in ops)
 
 
+def aligned_cols(*cols: tuple[int, torch.Tensor]) -> bool:
+    """The soft-min kernels' ALIGNED_V: for each (number of columns, (B, m) column vector),
+    the count and the vector's batch stride are multiples of 16 elements, so that the vector
+    loads of a column tile vectorise (softmin._softmin_rows). The base pointers' alignment is
+    Triton's own specialisation."""
+    return all(m % 16 == 0 and (t.dim() < 2 or t.stride(0) % 16 == 0) for m, t in cols)
+
+
 def is_half(operand: torch.Tensor, flag: str) -> bool:
     """One 16-bit score operand per point (not the split parts of "f16x3")."""
     return operand.dtype in (torch.float16, torch.bfloat16) and flag != "f16x3"

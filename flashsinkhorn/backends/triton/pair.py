@@ -16,7 +16,7 @@ import triton.language as tl
 
 from ..._triton_launch import FP_FUSION, cdiv, launch
 from .configs import lse_config
-from .operands import cost_args, even_d, is_half, operands
+from .operands import aligned_cols, cost_args, even_d, is_half, operands
 from .softmin import (
     SOFTMIN_DYNAMIC,
     _softmin_rows,
@@ -44,7 +44,7 @@ def _softmin_pair_kernel(
     eps, alpha, beta_1, beta_2, dot_scale, sq_floor,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     D_TILES: tl.constexpr, PRECISION: tl.constexpr, WRITE_RAW: tl.constexpr,
-    COST: tl.constexpr, EVEN_D: tl.constexpr, LARGE: tl.constexpr,
+    COST: tl.constexpr, EVEN_D: tl.constexpr, LARGE: tl.constexpr, ALIGNED_V: tl.constexpr,
 ):
     # The first n_blocks_1 programs sweep the first pair's rows, the rest the second's. No
     # label term (LABELS = 0: the label pointers are never read).
@@ -60,6 +60,7 @@ def _softmin_pair_kernel(
             s_r1b, s_r1n, s_c1b, s_c1n, s_v1b, s_p1b, s_ps1,
             eps, alpha, beta_1, dot_scale, sq_floor, 1.0,
             BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, WRITE_RAW, COST, 0, EVEN_D, LARGE,
+            ALIGNED_V,
         )
     else:
         _softmin_rows(
@@ -70,6 +71,7 @@ def _softmin_pair_kernel(
             s_r2b, s_r2n, s_c2b, s_c2n, s_v2b, s_p2b, s_ps2,
             eps, alpha, beta_2, dot_scale, sq_floor, 1.0,
             BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, WRITE_RAW, COST, 0, EVEN_D, LARGE,
+            ALIGNED_V,
         )
 # fmt: on
 
@@ -138,6 +140,8 @@ def pair_step(first: tuple, second: tuple, eps: float, alpha: float, want_raw: b
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
         PRECISION=prec, WRITE_RAW=want_raw, COST=cost,
         EVEN_D=even_d(cfg, d, xr1, xc1, xr2, xc2), LARGE=large,
+        ALIGNED_V=aligned_cols((m1, C1.sq), (m1, C1.logw), (m1, p1), (m2, C2.sq), (m2, C2.logw),
+                               (m2, p2)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **FP_FUSION,
     )  # fmt: skip
     if split > 1:

@@ -20,15 +20,18 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._triton_launch import FP_FUSION, cdiv, launch, precompile_once
+from ..._triton_launch import FP_FUSION, cdiv, launch, precompile_once, resident_blocks
 from ...problem import Side
+from ...tuning import TUNING
+from ..kernel_costs import SQEUCLIDEAN as SQEUCLIDEAN_ID
 from ..kernel_costs import cost_id
-from . import softmin, sums
+from . import half_hopper, softmin, sums
 from .configs import (
     FINISH_BLOCK,
     FINISH_PARTS,
     GROUPS_PER_SM,
     half_config,
+    hopper_half_config,
     interpreting,
     plan_config,
 )
@@ -73,7 +76,7 @@ _HIGH = 3.0e38
 @triton.jit
 def _plan_rows(
     X, Y, Xsq, Ysq, U, V, Prow, p_col, i_b64, i_m, i_s, i_first,
-    n_x, n_y, d, cols_per_split, s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs,
+    n_x, n_y, d, cols_per_split, s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs, s_vb,
     scale2, inv_eps2, dot_scale, sq_floor,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     D_TILES: tl.constexpr, PRECISION: tl.constexpr, COST: tl.constexpr, EVEN_D: tl.constexpr,
@@ -88,7 +91,10 @@ def _plan_rows(
     )  # fmt: skip
     p_c0 = batch_base(Y, i_b64, s_yb, EVEN_D)
     b_sum = tl.zeros([BLOCK_M], tl.float32)
-    col_start = i_s * cols_per_split
+    # Chunks start at multiples of BLOCK_N (split.chunk); with s_vb (= n_y, V's row stride,
+    # specialised by Triton) a multiple of 16, the column-bias loads vectorise and their mask
+    # is uniform over each vector (16 scalar loads per thread and tile became 8 paired ones).
+    col_start = tl.multiple_of(i_s * cols_per_split, 16)
     col_stop = tl.minimum(col_start + cols_per_split, n_y)
     for start_n in range(col_start, col_stop, BLOCK_N):
         o_n = start_n + tl.arange(0, BLOCK_N)
@@ -104,7 +110,7 @@ def _plan_rows(
             p_r, p_c, m_m, m_n, m_dd, b_r, b_rl, o_d, d,
             BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION,
         )  # fmt: skip
-        b_v = tl.load(V + i_b64 * n_y + o_n, mask=m_n, other=float("-inf"))
+        b_v = tl.load(V + i_b64 * s_vb + o_n, mask=o_n < s_vb, other=float("-inf"))
         b_csq = b_v
         if COST != SQEUCLIDEAN:
             b_csq = tl.load(Ysq + i_b64 * s_gb + o_n, mask=m_n, other=0.0)
@@ -142,7 +148,7 @@ def _plan_program(Flag, eps, dot_scale):
 def _plan_fwd_kernel(
     X, Y, Xsq, Ysq, U, V, Prow, Pcol, Flag,
     n_x, n_y, d, cols_per_split, n_blocks_x, n_groups,
-    s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs, s_pcb,
+    s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs, s_pcb, s_vb,
     eps, dot_scale, sq_floor,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     D_TILES: tl.constexpr, PRECISION: tl.constexpr, COST: tl.constexpr, EVEN_D: tl.constexpr,
@@ -160,7 +166,7 @@ def _plan_fwd_kernel(
             tl.debug_barrier()
             _plan_rows(
                 X, Y, Xsq, Ysq, U, V, Prow, p_col, i_b64, i_m, i_s, i_g,
-                n_x, n_y, d, cols_per_split, s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs,
+                n_x, n_y, d, cols_per_split, s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs, s_vb,
                 scale2, inv_eps2, dot_scale, sq_floor,
                 BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, COST, EVEN_D, True, COLS,
             )  # fmt: skip
@@ -169,7 +175,7 @@ def _plan_fwd_kernel(
         # (docs/performance.md).
         _plan_rows(
             X, Y, Xsq, Ysq, U, V, Prow, p_col, i_b64, i_g, i_s, i_g,
-            n_x, n_y, d, cols_per_split, s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs,
+            n_x, n_y, d, cols_per_split, s_xb, s_xn, s_yb, s_yn, s_fb, s_gb, s_prs, s_vb,
             scale2, inv_eps2, dot_scale, sq_floor,
             BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION, COST, EVEN_D, False, COLS,
         )  # fmt: skip
@@ -385,7 +391,12 @@ def sweep(X, Y, f, g, eps, precision, shift, cols: bool) -> Sweep:
     B, n, d = X.x.shape
     m = Y.x.shape[1]
     xx, xy, dot_scale, prec = operands(X, Y, precision)
-    cfg = plan_config(d, is_half(xx, prec)) if cols else half_config(d, is_half(xx, prec))
+    half = is_half(xx, prec)
+    cfg = plan_config(d, half) if cols else half_config(d, half)
+    cost = cost_id(X.cost)
+    hopper = not cols and _hopper_sweep(X, d, half, cost, xx, xy)
+    if hopper:
+        cfg = hopper_half_config(d)
     nbx = cdiv(n, cfg.block_m)
     if cols:
         # Row-block groups: at most GROUPS_PER_SM per SM per problem (each group owns one row
@@ -397,13 +408,35 @@ def sweep(X, Y, f, g, eps, precision, shift, cols: bool) -> Sweep:
         split = cdiv(m, cps)
     else:
         groups = nbx
-        split, cps = plan_split(nbx * B, m, cfg.block_n, X.x.device)
-    prow = torch.empty((split, B, n), dtype=torch.float32, device=f.device)
-    pcol = torch.empty((B, groups, m), dtype=torch.float32, device=f.device) if cols else None
     flag = torch.empty(1, dtype=torch.float32, device=f.device)
-    cost = cost_id(X.cost)
     u = torch.empty((B, n), dtype=torch.float32, device=f.device)
     v = torch.empty((B, m), dtype=torch.float32, device=f.device)
+    kw = dict(
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
+        PRECISION=prec, COST=cost, EVEN_D=even_d(cfg, d, xx, xy),
+        GROUPED=groups < nbx, COLS=cols,
+        **cfg.launch_options(), **FP_FUSION,
+    )  # fmt: skip
+
+    def args(prow, pcol, cps):
+        return (
+            xx, xy, X.sq, Y.sq, u, v, prow, pcol, flag,
+            n, m, d, cps, nbx, groups,
+            xx.stride(0), xx.stride(1), xy.stride(0), xy.stride(1), f.stride(0), g.stride(0),
+            B * n, groups * m if cols else 0, v.stride(0), float(eps), float(dot_scale),
+            float(X.sq_floor),
+        )  # fmt: skip
+
+    if not cols:
+        # Whole waves of the sweep's resident blocks (50k, d = 64, 196 row blocks, 2 per SM:
+        # 4 chunks, 2.97 waves, where about four programs per SM gave 3 chunks in 2.23 waves).
+        per_sm = None
+        if X.x.is_cuda and not hopper:
+            key = ("plan_half", tuple(kw.items()), xx.dtype, xy.dtype)
+            per_sm = resident_blocks(key, _plan_fwd_kernel, (groups, B, 1), *args(u, u, m), **kw)
+        split, cps = plan_split(nbx * B, m, cfg.block_n, X.x.device, per_sm)
+    prow = torch.empty((split, B, n), dtype=torch.float32, device=f.device)
+    pcol = torch.empty((B, groups, m), dtype=torch.float32, device=f.device) if cols else None
     ncx = cdiv(n, FINISH_BLOCK)
     has_shift = shift is not None
     shift = shift.contiguous() if has_shift else flag
@@ -412,17 +445,23 @@ def sweep(X, Y, f, g, eps, precision, shift, cols: bool) -> Sweep:
         int(has_shift), float(eps),
         BLOCK=FINISH_BLOCK, COST=cost, **FP_FUSION,
     )  # fmt: skip
-    launch(_plan_fwd_kernel, (groups, B, split),
-        xx, xy, X.sq, Y.sq, u, v, prow, prow if pcol is None else pcol, flag,
-        n, m, d, cps, nbx, groups,
-        xx.stride(0), xx.stride(1), xy.stride(0), xy.stride(1), f.stride(0), g.stride(0),
-        B * n, groups * m if cols else 0, float(eps), float(dot_scale), float(X.sq_floor),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
-        PRECISION=prec, COST=cost, EVEN_D=even_d(cfg, d, xx, xy),
-        GROUPED=groups < nbx, COLS=cols,
-        **cfg.launch_options(), **FP_FUSION,
-    )  # fmt: skip
+    if hopper:
+        half_hopper.launch_sweep((nbx, B, split), xx, xy, u, v, prow, flag, n, m, cps, eps,
+                                 dot_scale, cfg, launch, FP_FUSION)  # fmt: skip
+        return Sweep(prow, pcol, u, v, flag, shift, has_shift, split, groups)
+    launch(_plan_fwd_kernel, (groups, B, split), *args(prow, prow if pcol is None else pcol, cps),
+           **kw)  # fmt: skip
     return Sweep(prow, pcol, u, v, flag, shift, has_shift, split, groups)
+
+
+def _hopper_sweep(X: Side, d: int, half: bool, cost: int, xx, xy) -> bool:
+    """Whether the half-step sweep runs as the Gluon Hopper kernel (half_hopper.py): switched on
+    (``TUNING.hopper_half``), a Hopper GPU, and operands it handles."""
+    if not TUNING.hopper_half or not half_hopper.available(X.x.device):
+        return False
+    hcfg = hopper_half_config(d)
+    sq = cost == SQEUCLIDEAN_ID
+    return half and half_hopper.supports(d, xx.dtype, sq, even_d(hcfg, d, xx, xy))
 
 
 #: Scores per half-step (B·n·m) from which the plan half-step is taken. Its sweep is faster

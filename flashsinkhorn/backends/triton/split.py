@@ -63,9 +63,17 @@ def chunk(n_cols: int, split: int, block_n: int) -> int:
     return cdiv(cdiv(n_cols, split), block_n) * block_n
 
 
-def plan_split(n_programs: int, n_cols: int, block_n: int, device) -> tuple[int, int]:
-    """(number of column chunks, columns per chunk) for a single-side sweep."""
-    cps = chunk(n_cols, split_count(n_programs, n_cols, block_n, device), block_n)
+def plan_split(
+    n_programs: int, n_cols: int, block_n: int, device, per_sm: int | None = None
+) -> tuple[int, int]:
+    """(number of column chunks, columns per chunk) for a single-side sweep: whole waves where
+    the kernel's resident blocks per SM are known (``per_sm``) and ``TUNING.wave_split`` is
+    set (:func:`wave_split`), else about four programs per SM (:func:`split_count`)."""
+    if per_sm is not None and TUNING.wave_split:
+        split = wave_split(n_programs, n_cols, block_n, per_sm, device)
+    else:
+        split = split_count(n_programs, n_cols, block_n, device)
+    cps = chunk(n_cols, split, block_n)
     return cdiv(n_cols, cps), cps
 
 
@@ -93,10 +101,7 @@ def transport_split(
     if forced is not None:
         cps = chunk(m1, max(1, min(forced, cdiv(m1, block_n))), block_n)
         return cdiv(m1, cps), cps
-    if per_sm is not None and TUNING.wave_split:
-        cps = chunk(m1, wave_split(n_programs, m1, block_n, per_sm, device), block_n)
-        return cdiv(m1, cps), cps
-    return plan_split(n_programs, m1, block_n, device)
+    return plan_split(n_programs, m1, block_n, device, per_sm)
 
 
 def split_for(n_programs: int, n_cols: int, cfg, device) -> int:
