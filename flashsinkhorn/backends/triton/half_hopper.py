@@ -20,8 +20,15 @@ from __future__ import annotations
 import functools
 
 import torch
+import triton
 
-try:  # Gluon ships with Triton >= 3.5; the plain kernel serves every other setup.
+from .configs import interpreting
+
+# Gluon's Hopper API moved between releases; the kernel was compiled and run with Triton 3.6
+# and compiled with 3.9 (sm_90). Older Tritons keep the plain sweep.
+_VERSION_OK = tuple(int(p) for p in triton.__version__.split(".")[:2] if p.isdigit()) >= (3, 6)
+
+try:  # the plain kernel serves every setup without Gluon
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -40,10 +47,6 @@ try:  # Gluon ships with Triton >= 3.5; the plain kernel serves every other setu
 except ImportError:  # pragma: no cover - depends on the installed Triton
     _IMPORTED = False
 
-from .configs import interpreting
-
-_LOG2E = 1.4426950408889634
-
 
 @functools.lru_cache(maxsize=8)
 def _capable(index: int) -> bool:
@@ -51,9 +54,9 @@ def _capable(index: int) -> bool:
 
 
 def available(device: torch.device) -> bool:
-    """True when the Gluon sweep can run on ``device``: a Hopper GPU (sm_90), a Triton with
-    Gluon, and not the interpreter."""
-    if not _IMPORTED or interpreting() or device.type != "cuda":
+    """True when the Gluon sweep can run on ``device``: a Hopper GPU (sm_90), Triton >= 3.6,
+    and not the interpreter."""
+    if not (_IMPORTED and _VERSION_OK) or interpreting() or device.type != "cuda":
         return False
     return _capable(device.index if device.index is not None else torch.cuda.current_device())
 
