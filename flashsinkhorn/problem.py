@@ -494,10 +494,15 @@ def _prepare_torch(X, Y, wa, wb, rho_x, rho_y, precision, checks: Checks):
     # Translation invariance: centre at the joint weighted mean so that fp32 norms stay accurate.
     Xc = X.to(pdtype)
     Yc = Y.to(pdtype)
-    sum_x, sum_y = torch.einsum("bn,bnd->bd", wa, Xc), torch.einsum("bm,bmd->bd", wb, Yc)
-    centre = (sum_x + sum_y) / (ma + mb).unsqueeze(-1)
-    mean_x = sum_x / ma.unsqueeze(-1) - centre
-    mean_y = sum_y / mb.unsqueeze(-1) - centre
+    # The sums in float64, rounded once: the centre is then the same whatever the summation
+    # order (the Triton prepare kernels, the ranks of a sharded problem).
+    f64 = torch.float64
+    sum_x = torch.einsum("bn,bnd->bd", wa.to(f64), Xc.to(f64))
+    sum_y = torch.einsum("bm,bmd->bd", wb.to(f64), Yc.to(f64))
+    ma64, mb64 = wa.to(f64).sum(-1), wb.to(f64).sum(-1)
+    centre = ((sum_x + sum_y) / (ma64 + mb64).unsqueeze(-1)).to(pdtype)
+    mean_x = (sum_x / ma64.unsqueeze(-1) - centre.to(f64)).to(pdtype)
+    mean_y = (sum_y / mb64.unsqueeze(-1) - centre.to(f64)).to(pdtype)
     Xc = Xc - centre[:, None, :]
     Yc = Yc - centre[:, None, :]
 

@@ -139,8 +139,38 @@ def _triton(rank, world, *, mode, schedule, **kw):
     }
 
 
+def _centre(rank, world, *, prepare_path):
+    """float32 points off any grid, random weights, d = 16: masses and weighted sums are formed
+    in float64 on every path (Triton or torch prepare, the ranks' all-reduce), so the shards'
+    float32 centre is the single process's bit for bit, and so is the float16 operand grid of
+    precision "tf32" (in float32 sums, one ulp of the centre moved a few coordinates of a
+    40k-point cloud to the next grid step)."""
+    from flashsinkhorn.distributed._engine import Sharded
+    from flashsinkhorn.tuning import override
+
+    gen = torch.Generator().manual_seed(29)
+    x = torch.randn(sum(SX), 16, generator=gen) * 3.0 + 1.7
+    y = torch.randn(sum(SY), 16, generator=gen) * 2.0 - 0.4
+    a = torch.rand(sum(SX), generator=gen) + 0.1
+    b = torch.rand(sum(SY), generator=gen) + 0.1
+    a, b = a / a.sum(), b / b.sum()
+    opts = dict(eps=0.6, backend="triton", precision="tf32", tol=None, n_iters=1)
+    with override(prepare_path=prepare_path):
+        ref = fs.sinkhorn(x, y, a, b, **opts)
+    local = [shard(t, s, rank) for t, s in ((x, SX), (y, SY), (a, SX), (b, SY))]
+    sh = Sharded(*local, group=None, mode="gather", **opts)
+    p = ref.solution.problem
+    return {
+        "centre": torch.equal(sh.centre.reshape(-1), p.centre.reshape(-1)),
+        "grid_x": torch.equal(sh.problem.X.xk[0], shard(p.X.xk[0], SX, rank)),
+        "grid_y": torch.equal(sh.problem.Y.xk[0], shard(p.Y.xk[0], SY, rank)),
+    }
+
+
 def _checks(world):
     checks = {}
+    for path in ("triton", "torch"):
+        checks[f"centre_{path}"] = dict(fn=_centre, prepare_path=path)
     for mode in ("gather", "ring"):
         # the fused symmetric step from plan sums, fixed iterations
         checks[f"fixed_{mode}"] = dict(
@@ -262,3 +292,9 @@ def test_triton_plan_sums_match_one_process(job, name):
         assert r["f"] < 2e-6 and r["g"] < 2e-6 and r["value"] < 2e-6, r
         assert r["n_iters"][0] == r["n_iters"][1], r
         assert r["sweeps"] > 0 and r["sums_step"] > 0, r
+
+
+@pytest.mark.parametrize("name", _names("centre_"))
+def test_sharded_centre_and_grid_are_one_process(job, name):
+    for r in entries(job, name):
+        assert r == {"centre": True, "grid_x": True, "grid_y": True}, r

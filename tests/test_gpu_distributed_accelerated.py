@@ -87,8 +87,8 @@ def job():
 @pytest.mark.parametrize("name", ["default_gather", "default_ring", "fixed_gather", "fixed_ring"])
 def test_sharded_default_matches_one_gpu(job, name):
     for r in entries(job, name):
-        # the TF32 grid of a centre summed in another order (docs/distributed.md): 2^-11
-        # relative perturbations of a few coordinates
+        # the same float32 centre and TF32 grid as one process (float64 sums,
+        # docs/distributed.md): what differs is the order of the fp32 sums of the sweeps
         assert r["f"] < 1e-4 and r["g"] < 1e-4 and r["value"] < 1e-5, r
         assert r["grad_x"] < 1e-4, r
         assert r["n_iters"][0] == r["n_iters"][1], r

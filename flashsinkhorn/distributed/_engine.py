@@ -151,13 +151,24 @@ class Sharded:
         shard = torch.zeros(2 * W, dtype=pdtype, device=X.device)
         shard[comm.rank], shard[W + comm.rank] = wa.sum(), wb.sum()
         flags = torch.stack([(wa == 0).any(), (wb == 0).any()]).to(pdtype)
-        sx = torch.einsum("bn,bnd->bd", wa, Xc)[0]
-        sy = torch.einsum("bm,bmd->bd", wb, Yc)[0]
-        pack = torch.cat([flags, wa.sum(-1), wb.sum(-1), sx, sy, shard]).to(comm.device)
-        pack = comm.all_reduce(pack).to(X.device)
-        host = pack[:4].tolist()
+        # Carried in float64: the masses as the sum of the shards' masses (what the ring's
+        # bookkeeping adds up too), and, for the centre, masses and weighted sums formed in
+        # float64 as problem.prepare forms them, so that the float32 centre is the one
+        # process's whatever order the ranks sum in.
+        f64 = torch.float64
+        wa64, wb64 = wa.to(f64), wb.to(f64)
+        sx = torch.einsum("bn,bnd->bd", wa64, Xc.to(f64))[0]
+        sy = torch.einsum("bm,bmd->bd", wb64, Yc.to(f64))[0]
+        exact = torch.cat([wa64.sum(-1), wb64.sum(-1)])
+        pack = torch.cat([flags, wa.sum(-1), wb.sum(-1)]).to(f64)
+        pack = torch.cat([pack, exact, sx, sy, shard.to(f64)])
+        pack = comm.all_reduce(pack.to(comm.device)).to(X.device)
+        # masses rounded to the points' dtype, on the host too (ln of the nominal mass)
+        host = pack[:4].to(pdtype).tolist()
         null_a, null_b = host[0] > 0, host[1] > 0
-        ma, mb = pack[2:3], pack[3:4]
+        ma, mb = pack[2:3].to(pdtype), pack[3:4].to(pdtype)
+        mass64 = pack[4] + pack[5]
+        pack = torch.cat([pack[:4], pack[6:]])
         if not host[2] > 0:
             raise ValueError("a_local must have a positive total mass over all ranks")
         if not host[3] > 0:
@@ -173,7 +184,7 @@ class Sharded:
                     "for an unbalanced problem"
                 )
         shards = pack[4 + 2 * d :].tolist()
-        centre = ((pack[4 : 4 + d] + pack[4 + d : 4 + 2 * d]) / (ma + mb))[None]
+        centre = ((pack[4 : 4 + d] + pack[4 + d : 4 + 2 * d]) / mass64).to(pdtype)[None]
         Xc = Xc - centre[:, None, :]
         Yc = Yc - centre[:, None, :]
         # One all-reduce (max): the statistics of the range checks and of the TF32 scale.

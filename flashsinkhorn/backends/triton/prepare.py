@@ -59,7 +59,9 @@ def _stats_rows(
     b_nan = tl.sum((m_m & (b_w != b_w)).to(tl.float32), 0)
     b_wok = m_m & (b_w == b_w)
     o_s = (i_b64 * n_prog + i_p) * 4
-    tl.store(Ps + o_s, tl.sum(tl.where(b_wok, b_w, 0.0), 0))
+    # Masses and weighted sums in float64 (Ps, Pw): the centre rounded to float32 is then the
+    # same whatever the summation order, as on another device or over ranks (distributed).
+    tl.store(Ps + o_s, tl.sum(tl.where(b_wok, b_w, 0.0).to(tl.float64), 0))
     tl.store(Ps + o_s + 1, tl.min(tl.where(b_wok, b_w, float("inf")), 0))
     tl.store(Ps + o_s + 2, tl.max(tl.where(b_wok, b_w, float("-inf")), 0))
     tl.store(Ps + o_s + 3, b_nan)
@@ -70,7 +72,8 @@ def _stats_rows(
         m_d = o_d < d
         m_x = m_m[:, None] & m_d[None, :]
         b_x = tl.load(p_x + o_d.to(tl.int64)[None, :] * s_d, mask=m_x, other=0.0)
-        tl.store(Pw + o_row + o_d, tl.sum(b_w[:, None] * b_x, 0), mask=m_d)
+        b_wx = b_w.to(tl.float64)[:, None] * b_x.to(tl.float64)
+        tl.store(Pw + o_row + o_d, tl.sum(b_wx, 0), mask=m_d)
         # NaN counts as -inf for the minimum and +inf for the maximum: the centred maximum
         # becomes inf, which the caller reads as "some point is not finite".
         b_ok = m_x & (b_x == b_x)
@@ -103,8 +106,9 @@ def _prepare_stats_kernel(
 
 @triton.jit
 def _mass_stats(Ps, i_b64, p_lo, p_hi, n_prog, BLOCK_P: tl.constexpr):
-    # (mass, min, max, NaN count) of one side's weights from its programs [p_lo, p_hi).
-    b_sum = tl.zeros([BLOCK_P], tl.float32)
+    # (mass (float64), min, max, NaN count) of one side's weights from its programs
+    # [p_lo, p_hi).
+    b_sum = tl.zeros([BLOCK_P], tl.float64)
     b_min = tl.full([BLOCK_P], float("inf"), tl.float32)
     b_max = tl.full([BLOCK_P], float("-inf"), tl.float32)
     b_nan = tl.zeros([BLOCK_P], tl.float32)
@@ -113,9 +117,11 @@ def _mass_stats(Ps, i_b64, p_lo, p_hi, n_prog, BLOCK_P: tl.constexpr):
         m_p = o_p < p_hi
         o_s = (i_b64 * n_prog + o_p) * 4
         b_sum += tl.load(Ps + o_s, mask=m_p, other=0.0)
-        b_min = tl.minimum(b_min, tl.load(Ps + o_s + 1, mask=m_p, other=float("inf")))
-        b_max = tl.maximum(b_max, tl.load(Ps + o_s + 2, mask=m_p, other=float("-inf")))
-        b_nan += tl.load(Ps + o_s + 3, mask=m_p, other=0.0)
+        b_lo = tl.load(Ps + o_s + 1, mask=m_p, other=float("inf")).to(tl.float32)
+        b_hi = tl.load(Ps + o_s + 2, mask=m_p, other=float("-inf")).to(tl.float32)
+        b_min = tl.minimum(b_min, b_lo)
+        b_max = tl.maximum(b_max, b_hi)
+        b_nan += tl.load(Ps + o_s + 3, mask=m_p, other=0.0).to(tl.float32)
     return tl.sum(b_sum, 0), tl.min(b_min, 0), tl.max(b_max, 0), tl.sum(b_nan, 0)
 
 
@@ -132,16 +138,16 @@ def _prepare_reduce_kernel(
     i_b64 = i_b.to(tl.int64)
     ma, mina, maxa, nana = _mass_stats(Ps, i_b64, 0, n_bx, n_prog, BLOCK_P)
     mb, minb, maxb, nanb = _mass_stats(Ps, i_b64, n_bx, n_prog, n_prog, BLOCK_P)
-    inv_mass = 1.0 / (ma + mb)
+    mass = ma + mb
     b_amax = tl.zeros([BLOCK_D], tl.float32)
     b_box = tl.zeros([BLOCK_D], tl.float32)
     b_bad = tl.zeros([BLOCK_D], tl.int32)
     for d0 in range(0, d, BLOCK_D):
         o_d = d0 + tl.arange(0, BLOCK_D)
         m_d = o_d < d
-        b_s = tl.zeros([BLOCK_P, BLOCK_D], tl.float32)
-        b_sx = tl.zeros([BLOCK_P, BLOCK_D], tl.float32)
-        b_sy = tl.zeros([BLOCK_P, BLOCK_D], tl.float32)
+        b_s = tl.zeros([BLOCK_P, BLOCK_D], tl.float64)
+        b_sx = tl.zeros([BLOCK_P, BLOCK_D], tl.float64)
+        b_sy = tl.zeros([BLOCK_P, BLOCK_D], tl.float64)
         b_lo = tl.full([BLOCK_P, BLOCK_D], float("inf"), tl.float32)
         b_hi = tl.full([BLOCK_P, BLOCK_D], float("-inf"), tl.float32)
         for p0 in range(0, n_prog, BLOCK_P):
@@ -155,10 +161,14 @@ def _prepare_reduce_kernel(
             b_sy += tl.where((o_p >= n_bx)[:, None], b_pw, 0.0)
             b_lo = tl.minimum(b_lo, tl.load(Pmin + o, mask=m, other=float("inf")))
             b_hi = tl.maximum(b_hi, tl.load(Pmax + o, mask=m, other=float("-inf")))
-        b_c = tl.sum(b_s, 0) * inv_mass
+        # The float64 mean, rounded once to the float32 centre the points are shifted by.
+        b_c = (tl.sum(b_s, 0) / mass).to(tl.float32)
+        b_c64 = b_c.to(tl.float64)
         tl.store(Centre + i_b64 * d + o_d, b_c, mask=m_d)
-        tl.store(Means + i_b64 * d + o_d, tl.sum(b_sx, 0) / ma - b_c, mask=m_d)
-        tl.store(Means + s_mean + i_b64 * d + o_d, tl.sum(b_sy, 0) / mb - b_c, mask=m_d)
+        tl.store(Means + i_b64 * d + o_d, (tl.sum(b_sx, 0) / ma - b_c64).to(tl.float32),
+                 mask=m_d)  # fmt: skip
+        tl.store(Means + s_mean + i_b64 * d + o_d, (tl.sum(b_sy, 0) / mb - b_c64).to(tl.float32),
+                 mask=m_d)  # fmt: skip
         b_lo1 = tl.min(b_lo, 0)
         b_hi1 = tl.max(b_hi, 0)
         b_dev = tl.maximum(b_hi1 - b_c, b_c - b_lo1)
@@ -174,10 +184,10 @@ def _prepare_reduce_kernel(
     o_s = i_b64 * N_ST
     tl.store(Stats + o_s, mina)
     tl.store(Stats + o_s + 1, maxa)
-    tl.store(Stats + o_s + 2, ma)
+    tl.store(Stats + o_s + 2, ma.to(tl.float32))
     tl.store(Stats + o_s + 3, minb)
     tl.store(Stats + o_s + 4, maxb)
-    tl.store(Stats + o_s + 5, mb)
+    tl.store(Stats + o_s + 5, mb.to(tl.float32))
     tl.store(Stats + o_s + 6, amax)
     tl.store(Stats + o_s + 7, nana)
     tl.store(Stats + o_s + 8, nanb)
@@ -287,22 +297,22 @@ def stats(X: torch.Tensor, Y: torch.Tensor, a, b, outs: dict) -> tuple[torch.Ten
     dev = X.device
     n_bx, n_by = cdiv(n, PREPARE_BLOCK), cdiv(m, PREPARE_BLOCK)
     n_prog = n_bx + n_by
-    f32 = torch.float32
-    part, ps, st = _carve(dev, [((3, B, n_prog, d), f32), ((B, n_prog, 4), f32),
-                                ((B, N_STATS), f32)])  # fmt: skip
+    f32, f64 = torch.float32, torch.float64
+    pw, part, ps, st = _carve(dev, [((B, n_prog, d), f64), ((2, B, n_prog, d), f32),
+                                    ((B, n_prog, 4), f64), ((B, N_STATS), f32)])  # fmt: skip
     centre, means = outs["centre"], outs["means"]
     wa, s_ab, s_an = _weight_args(a)
     wb, s_bb, s_bn = _weight_args(b)
     bd = prepare_block_d(d)
     launch(_prepare_stats_kernel, (n_prog, B),
         X, Y, wa if wa is not None else ps, wb if wb is not None else ps,
-        part[0], part[1], part[2], ps, n, m, d, n_bx, n_prog,
+        pw, part[0], part[1], ps, n, m, d, n_bx, n_prog,
         X.stride(0), X.stride(1), X.stride(2), Y.stride(0), Y.stride(1), Y.stride(2),
         s_ab, s_an, s_bb, s_bn, 1.0 / n, 1.0 / m,
         BLOCK=PREPARE_BLOCK, BLOCK_D=bd, HAS_A=wa is not None, HAS_B=wb is not None, **FP_FUSION,
     )  # fmt: skip
     launch(_prepare_reduce_kernel, (B,),
-        part[0], part[1], part[2], ps, centre, means, st, d, n_bx, n_prog, means.stride(0),
+        pw, part[0], part[1], ps, centre, means, st, d, n_bx, n_prog, means.stride(0),
         BLOCK_P=PREPARE_BLOCK_P, BLOCK_D=bd, N_ST=N_STATS, **FP_FUSION,
     )  # fmt: skip
     return centre, st
