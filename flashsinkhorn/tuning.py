@@ -28,6 +28,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from ._compile_marks import assume_constant_result
+
 
 @dataclass
 class Tuning:
@@ -147,7 +149,7 @@ class _InForce:
         return repr(current())
 
 
-@torch.compiler.assume_constant_result
+@assume_constant_result
 def _traced_read(name: str):
     # Dynamo cannot trace ContextVar.get: under torch.compile a switch is read once, when the
     # code is traced, and compiled in as a constant (torch.compile(fullgraph=True) of the mHC
