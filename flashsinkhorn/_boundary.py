@@ -3,9 +3,10 @@
 **torch.compile.** A solve is host-driven: a Python loop whose length depends on convergence
 tests read back from the device, cached CUDA graphs, Triton launchers and validation that
 raises on values. Dynamo must not trace it, so every entry point is wrapped in
-``torch.compiler.disable``: a compiled function breaks its graph at the call, the solve runs
-eagerly (its ``autograd.Function`` backward too), and the code before and after the call is
-compiled as usual. ``fullgraph=True`` therefore refuses a function that calls the library.
+``torch.compiler.disable`` (applied once Dynamo is loaded, so that importing the library
+does not import it: ``_compile_marks``): a compiled function breaks its graph at the call, the
+solve runs eagerly (its ``autograd.Function`` backward too), and the code before and after the
+call is compiled as usual. ``fullgraph=True`` therefore refuses a function that calls the library.
 
 **autocast.** Autocast would run the solver's own matmuls (scores, centring) in float16 or
 bfloat16 and ruin the potentials. The entry points behave like autocast's float32 ops
@@ -25,7 +26,7 @@ from typing import TypeVar
 
 import torch
 
-from . import tuning
+from . import _compile_marks, tuning
 
 F = TypeVar("F", bound=Callable)
 
@@ -72,10 +73,7 @@ def entry_point(fn: F) -> F:
         with autocast_off():
             return fn(*args, **kwargs)
 
-    try:
-        return torch.compiler.disable(wrapper, reason=_REASON)
-    except TypeError:  # older torch: no ``reason`` argument
-        return torch.compiler.disable(wrapper)
+    return _compile_marks.disable(wrapper, _REASON)
 
 
 def backward_autocast_off(backward: F) -> F:

@@ -86,6 +86,38 @@ def test_an_autograd_worker_thread_reads_the_launching_context():
     assert _in_thread(lambda: TUNING.fp16_grad) is True
 
 
+def test_a_read_without_switches_looks_up_no_launching_context(monkeypatch):
+    # once switches were set somewhere in the process, a read in a context without any still
+    # costs one context-variable look-up (and, while some context holds switches, one C call:
+    # is a launching context kept here?), not the look-up of the launching context
+    with tuning.override(plan_step=False):
+        assert TUNING.plan_step is False
+
+    def looked_up():
+        raise AssertionError("the launching context was looked up")
+
+    monkeypatch.setattr(tuning, "_launching_context", looked_up)
+    got = _in_thread(lambda: (TUNING.plan_step, TUNING.mhc_small_bwd, tuning.current()))
+    assert got == (True, tuning.Tuning.mhc_small_bwd, tuning._DEFAULTS)
+    assert got[2] is tuning._DEFAULTS
+
+
+def test_switches_count_as_held_while_a_context_holds_them():
+    # the launching-context look-up is skipped only while no context holds switches: one
+    # copied inside an override (an asyncio task, a backward's launching context) holds them
+    # after the block
+    def run():
+        with tuning.override(plan_step=False):
+            key = id(tuning.current())
+            assert key in tuning._LIVE
+            held = contextvars.copy_context()
+        assert key in tuning._LIVE and held.run(lambda: TUNING.plan_step) is False
+        del held
+        assert key not in tuning._LIVE
+
+    contextvars.Context().run(run)
+
+
 def test_attribute_writes_are_checked_and_scoped_to_the_context():
     with pytest.raises(AttributeError, match="unknown tuning switch"):
         TUNING.no_such_switch = 1
