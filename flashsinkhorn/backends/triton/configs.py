@@ -188,7 +188,7 @@ def _tiles(k: int, cap: int) -> tuple[int, int]:
 
 def transport_config(d: int, p: int, r: int, precision: str = "tf32") -> TransportConfig:
     """Tile shape of the transport kernels for feature size d, value width p, Hadamard
-    rank r (0: none) and the dots' ``precision`` ("ieee": fp32 FMA dots, else tensor cores).
+    rank r (0: none) and the dots' ``precision`` ("ieee", "tf32" or "tf32x3").
 
     Rule-based like :func:`lse_config`: no autotuning, no recompilation for a new n or m. The
     interpreter gets small tiles so that odd-sized tests cross every edge.
@@ -208,12 +208,12 @@ def transport_config(d: int, p: int, r: int, precision: str = "tf32") -> Transpo
         # (docs/performance.md; the soft-min's 256-row tiles were not tried here).
         return TransportConfig(128, 64, bd, dt, bp, pt, br, rt, 8, 3)
     wide = bd > 32 or bp > 32 or dt > 1 or pt > 1
-    if precision != "ieee" and r == 0 and bd <= 64 and bp <= 64 and dt == pt == 1:
-        # Tensor-core dots: 64 rows are one warpgroup's tile, and a second warpgroup would only
-        # repeat the score tile and its exponentials (it earns its keep at d = p = 128, where
-        # it takes half of the value columns; one warpgroup spills there). Offline sm_90
+    if precision == "tf32" and r == 0 and bd <= 64 and bp <= 64 and dt == pt == 1:
+        # One tensor-core dot per product: 64 rows are one warpgroup's tile, and a second
+        # warpgroup would only repeat the score tile and its exponentials. Offline sm_90
         # compiles (Triton 3.6, d = p = 64): 8 warps issue 7,050 warp instructions per column
-        # tile, 4 warps 3,670, both at ~220 registers (two 4-warp blocks per SM).
+        # tile, 4 warps 3,670, both at ~220 registers (two 4-warp blocks per SM). One
+        # warpgroup spills at d = p = 128 and with the three dots of "tf32x3" (284 bytes).
         wide = False
     return TransportConfig(64, 64, bd, dt, bp, pt, br, rt, 8 if wide else 4, 2)
 
