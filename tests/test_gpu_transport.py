@@ -14,6 +14,17 @@ def _rel(u, v):
     return float((u.double() - v).abs().max() / v.abs().max())
 
 
+def _half_step_problem(g, B, n, m, d, eps, precision):
+    """A batched CUDA problem and potentials one soft-min half-step from zero (torch)."""
+    x = torch.rand(B, n, d, generator=g).cuda()
+    y = (torch.rand(B, m, d, generator=g) * 1.3 + 0.2).cuda()
+    p = prepare(x, y, None, None, rho_x=None, rho_y=None, precision=precision)
+    tb, zx = TorchBackend(), torch.zeros_like(p.X.sq)
+    gp, _ = tb.softmin(p.Y, p.X, zx, eps, torch.zeros_like(p.Y.sq), 0.0, 1.0, False, "ieee")
+    fp, _ = tb.softmin(p.X, p.Y, gp, eps, zx, 0.0, 1.0, False, "ieee")
+    return p, fp, gp
+
+
 @pytest.mark.parametrize("n,d", [(1000, 3), (4097, 64), (20000, 3), (20000, 64), (6000, 512)])
 @pytest.mark.parametrize("p_width", [1, 64, 300])
 def test_transport_matches_torch_cuda(n, d, p_width):
@@ -49,6 +60,29 @@ def test_transport_matches_torch_cuda(n, d, p_width):
         assert _rel(G, R) < 10 * tol
 
 
+@pytest.mark.parametrize("precision", ["tf32", "tf32x3"])
+@pytest.mark.parametrize("d", [3, 64, 128])
+def test_value_tiles_at_benchmark_shapes_cuda(precision, d):
+    # P V with V as wide as the points (the tile configs of bench_kernels' transport_pv: one
+    # value tile of 16, 64 or 128 columns, 4 or 8 warps, a split sweep merged in place) and
+    # batched, odd-sized, against float64 with the exact plan of the float32 points.
+    g = torch.Generator().manual_seed(d)
+    B, n, m, eps = 2, 20011, 9973, 0.1 * max(1.0, d / 64)
+    p, fp, gp = _half_step_problem(g, B, n, m, d, eps, precision)
+    tb, tri = TorchBackend(), resolve_backend("triton", p.device, torch.float32)
+    V = torch.randn(B, m, d, generator=g).cuda()
+    out, marg = tri.transport(p.X, p.Y, fp, gp, eps, V, None, None, precision)
+    # the points the kernels read: "tf32" rounds them to the float16 grid (p.X.x is on it),
+    # "tf32x3" splits them into float16 parts exact to 22 bits
+    x64, y64 = p.X.x.double(), p.Y.x.double()
+    P64 = prepare(x64, y64, None, None, rho_x=None, rho_y=None, precision="ieee")
+    ref, rmarg = tb.transport(P64.X, P64.Y, fp.double(), gp.double(), eps, V.double(),
+                              None, None, "ieee")  # fmt: skip
+    # "tf32": the value dot rounds the plan tile and V to TF32 (unit 2^-11)
+    assert _rel(out, ref) < (5e-3 if precision == "tf32" else 5e-4)
+    assert _rel(marg, rmarg) < 5e-4
+
+
 @pytest.mark.parametrize("d", [3, 64])
 def test_hadamard_matches_torch_cuda(d):
     n = 3001
@@ -79,13 +113,8 @@ def test_hadamard_every_rank_and_precision_cuda(precision, d):
     # and an illegal address on the H200 (configs.TC_MIN_RANK_BLOCK).
     g = torch.Generator().manual_seed(d)
     B, n, m, eps = 2, 213, 338, 0.4
-    x = torch.rand(B, n, d, generator=g).cuda()
-    y = (torch.rand(B, m, d, generator=g) * 1.3 + 0.2).cuda()
-    p = prepare(x, y, None, None, rho_x=None, rho_y=None, precision=precision)
-    tb, tri = TorchBackend(), resolve_backend("triton", x.device, torch.float32)
-    zx = torch.zeros_like(p.X.sq)
-    gp, _ = tb.softmin(p.Y, p.X, zx, eps, torch.zeros_like(p.Y.sq), 0.0, 1.0, False, "ieee")
-    fp, _ = tb.softmin(p.X, p.Y, gp, eps, zx, 0.0, 1.0, False, "ieee")
+    p, fp, gp = _half_step_problem(g, B, n, m, d, eps, precision)
+    tb, tri = TorchBackend(), resolve_backend("triton", p.device, torch.float32)
     # The value dot of "tf32" rounds the plan tile to TF32 (unit 2^-11).
     tol = 5e-3 if precision == "tf32" else 2e-5
     for r in (2, 17, 40, 64):

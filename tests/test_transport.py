@@ -388,6 +388,57 @@ def test_triton_tf32_reads_the_float16_grid_points(device, monkeypatch, cost, sp
         assert _rel(gm, gmref) < exact
 
 
+def _spy_sweep_flags(monkeypatch):
+    """Records the EVEN_D / EVEN_P flags of every sweep launch without changing the launch."""
+    from flashsinkhorn.backends.triton import transport as T
+
+    flags, kernel = [], T._apply_fwd_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def run(*args, **kw):
+                flags.append((kw["EVEN_D"], kw["EVEN_P"]))
+                return kernel[grid](*args, **kw)
+
+            return run
+
+        def warmup(self, *args, **kwargs):
+            return kernel.warmup(*args, **kwargs)
+
+    monkeypatch.setattr(T, "_apply_fwd_kernel", Spy())
+    return flags
+
+
+@pytest.mark.parametrize("precision", ["ieee", "tf32", "tf32x3"])
+@pytest.mark.parametrize("split", [None, 3])
+@pytest.mark.parametrize("d", [16, 64])
+def test_triton_whole_tiles_match_torch(device, monkeypatch, precision, split, d):
+    # d and p exactly one tile wide (p = 32 under the interpreter's tiles, 64 on CUDA): the
+    # kernel drops the feature and value masks and reads V with compile-time offsets.
+    # Batched, odd n and m, spread points (kscale = 8), split or not.
+    monkeypatch.setattr(TUNING, "transport_split", split)
+    flags = _spy_sweep_flags(monkeypatch)
+    B, n, m, eps = 2, 37, 45, 2.0
+    p_width = 32 if device.type == "cpu" else 64
+    p = _problem(B, n, m, d, device, zero_weight=True, precision=precision, spread=5.0)
+    f, g = _pots(p, 23, eps)
+    gen = torch.Generator().manual_seed(24)
+    V = torch.randn(B, m, p_width, generator=gen).to(device)
+    tri, tb = resolve_backend("triton", p.device, torch.float32), TorchBackend()
+    # Interpreter: exact-product fp32 dots. CUDA: "tf32" rounds P and V to TF32.
+    tol = 3e-3 if device.type == "cuda" and precision == "tf32" else 2e-5
+    out, marg = tri.transport(p.X, p.Y, f, g, eps, V, None, None, precision)
+    ref, rmarg = tb.transport(p.X, p.Y, f, g, eps, V, None, None, "ieee")
+    assert _rel(out, ref) < tol and _rel(marg, rmarg) < 2e-5
+    assert flags[-1] == (True, True)
+    for rows, cols, rp, cp in ((p.X, p.Y, f, g), (p.Y, p.X, g, f)):
+        grad, gm = tri.transport_grad(rows, cols, rp, cp, eps, precision)
+        gref, gmref = tb.transport_grad(rows, cols, rp, cp, eps, "ieee")
+        assert _rel(grad, gref) < (3e-3 if precision == "tf32" else 1e-4)
+        assert _rel(gm, gmref) < 2e-5
+        assert flags[-1] == (True, True)
+
+
 @pytest.mark.parametrize("split", [None, 2])
 def test_fp16_gradient_dot_error_bound(device, monkeypatch, split):
     # The envelope gradient at "tf32" forms P y as a float16 dot: each P_ij is rounded to 10

@@ -186,9 +186,9 @@ def _tiles(k: int, cap: int) -> tuple[int, int]:
     return block, cdiv(max(k, 1), block)
 
 
-def transport_config(d: int, p: int, r: int) -> TransportConfig:
-    """Tile shape of the transport kernels for feature size d, value width p and Hadamard
-    rank r (0: none).
+def transport_config(d: int, p: int, r: int, precision: str = "tf32") -> TransportConfig:
+    """Tile shape of the transport kernels for feature size d, value width p, Hadamard
+    rank r (0: none) and the dots' ``precision`` ("ieee", "tf32" or "tf32x3").
 
     Rule-based like :func:`lse_config`: no autotuning, no recompilation for a new n or m. The
     interpreter gets small tiles so that odd-sized tests cross every edge.
@@ -208,6 +208,13 @@ def transport_config(d: int, p: int, r: int) -> TransportConfig:
         # (docs/performance.md; the soft-min's 256-row tiles were not tried here).
         return TransportConfig(128, 64, bd, dt, bp, pt, br, rt, 8, 3)
     wide = bd > 32 or bp > 32 or dt > 1 or pt > 1
+    if precision == "tf32" and r == 0 and bd <= 64 and bp <= 64 and dt == pt == 1:
+        # One tensor-core dot per product: 64 rows are one warpgroup's tile, and a second
+        # warpgroup would only repeat the score tile and its exponentials. Offline sm_90
+        # compiles (Triton 3.6, d = p = 64): 8 warps issue 7,050 warp instructions per column
+        # tile, 4 warps 3,670, both at ~220 registers (two 4-warp blocks per SM). One
+        # warpgroup spills at d = p = 128 and with the three dots of "tf32x3" (284 bytes).
+        wide = False
     return TransportConfig(64, 64, bd, dt, bp, pt, br, rt, 8 if wide else 4, 2)
 
 

@@ -59,7 +59,13 @@ def even_d(cfg, d: int, *ops: torch.Tensor) -> bool:
     """The kernels' EVEN_D: one feature tile exactly d wide (no feature mask), and every
     operand's rows and batches start at multiples of 16 elements, which the kernels pass on to
     the compiler as an alignment hint (tiles.batch_base): their tile loads then vectorise."""
-    if d != cfg.block_d or cfg.d_tiles != 1:
+    return whole_tile(d, cfg.block_d, cfg.d_tiles, *ops)
+
+
+def whole_tile(k: int, block: int, tiles: int, *ops: torch.Tensor) -> bool:
+    """One tile of ``block`` columns exactly ``k`` wide, and every (B, rows, k) tensor of
+    ``ops`` with rows and batches at multiples of 16 elements (:func:`even_d` for any width)."""
+    if k != block or tiles != 1:
         return False
     return all(t.stride(0) % 16 == 0 and t.stride(1) % 16 == 0 for t in ops)
 

@@ -37,10 +37,11 @@ from .configs import (
     interpreting,
     transport_config,
 )
-from .operands import cost_args, operands
+from .operands import cost_args, even_d, operands, whole_tile
 from .split import transport_split
 from .tiles import (
     SQEUCLIDEAN,
+    batch_base,
     col_bias,
     cost_scores,
     grad_weight,
@@ -128,6 +129,7 @@ def _apply_fwd_kernel(
     HAS_V: tl.constexpr, HADAMARD: tl.constexpr, GRAD: tl.constexpr, VEC: tl.constexpr,
     P16: tl.constexpr, PRECISION: tl.constexpr, HAD_PRECISION: tl.constexpr, SCORE_PRECISION: tl.constexpr,
     COST: tl.constexpr, LABELS: tl.constexpr, MERGE: tl.constexpr,
+    EVEN_D: tl.constexpr, EVEN_P: tl.constexpr,
 ):
     # Other costs (docs/costs.md): the score tile comes from tiles.cost_scores; their gradient
     # Σ_j P_ij w_ij (x_i − y_j) is this kernel with the Hadamard weights w_ij of
@@ -160,13 +162,21 @@ def _apply_fwd_kernel(
     o_d = tl.arange(0, BLOCK_D)
     o_p = tl.arange(0, BLOCK_P)
     o_r = tl.arange(0, BLOCK_R)
-    p_r = R + i_b64 * s_rb + o_m64[:, None] * s_rn + o_d[None, :]
-    p_c0 = C + i_b64 * s_cb
+    # EVEN_D / EVEN_P (operands.even_d, operands.whole_tile): one feature / value tile exactly
+    # d / p wide, rows and batches at multiples of 16 elements: no mask along the tile's rows
+    # and aligned bases, so that the score operand tiles load as 16-byte vectors and pipeline
+    # (without them: 2-byte scalar loads, not pipelined) and the value tile's addresses are
+    # compile-time offsets from one base.
+    m_dd = (o_d < BLOCK_D) if EVEN_D else (o_d < d)
+    m_pp = (o_p < BLOCK_P) if EVEN_P else (o_p < p)
+    p_r = batch_base(R, i_b64, s_rb, EVEN_D) + o_m64[:, None] * s_rn + o_d[None, :]
+    p_c0 = batch_base(C, i_b64, s_cb, EVEN_D)
+    p_v0 = batch_base(V, i_b64, s_Vb, EVEN_P)
     p_o = Out + i_b64 * s_ob + o_m64[:, None] * s_on + o_p[None, :]
     b_r = tl.zeros([BLOCK_M, BLOCK_D], R.dtype.element_ty)
     b_rl = b_r
     if D_TILES == 1:
-        b_r, b_rl = load_parts(p_r, m_m[:, None] & (o_d[None, :] < d), d, SCORE_PRECISION)
+        b_r, b_rl = load_parts(p_r, m_m[:, None] & m_dd[None, :], d, SCORE_PRECISION)
     o_vr = i_b64 * s_vrb + o_m
     b_rsq = tl.zeros([BLOCK_M], tl.float32)
     if COST != SQEUCLIDEAN:
@@ -188,7 +198,7 @@ def _apply_fwd_kernel(
         o_n64 = o_n.to(tl.int64)
         p_c = p_c0 + o_n64[:, None] * s_cn + o_d[None, :]
         b_s, b_c = score_tile(
-            p_r, p_c, m_m, m_n, o_d < d, b_r, b_rl, o_d, d, BLOCK_M, BLOCK_N, BLOCK_D, D_TILES,
+            p_r, p_c, m_m, m_n, m_dd, b_r, b_rl, o_d, d, BLOCK_M, BLOCK_N, BLOCK_D, D_TILES,
             SCORE_PRECISION,
         )
         o_vc = i_b64 * s_vcb + o_n
@@ -221,7 +231,11 @@ def _apply_fwd_kernel(
                     ).to(tl.float32)
                     b_w = tl.dot(b_a, tl.trans(b_bw), b_w, input_precision=HAD_PRECISION)
                 b_e = b_e * b_w
-            p_v = V + i_b64 * s_Vb + o_n64[:, None] * s_Vn + o_p[None, :]
+            if EVEN_P:
+                # contiguous rows of exactly BLOCK_P values: compile-time offsets from one base
+                p_v = p_v0 + o_n64[:, None] * BLOCK_P + o_p[None, :]
+            else:
+                p_v = p_v0 + o_n64[:, None] * s_Vn + o_p[None, :]
             if VEC:
                 # One value column: a row reduction in fp32 (no dot padded to 16 columns, no
                 # layout change of the probability tile); every accumulator column holds it.
@@ -240,7 +254,7 @@ def _apply_fwd_kernel(
                     # split parts the values are the float32 points instead, read from V).
                     b_v = b_c.to(tl.float32) * vscale
                 else:
-                    b_v = tl.load(p_v, mask=m_n[:, None] & (o_p[None, :] < p), other=0.0).to(tl.float32) * vscale
+                    b_v = tl.load(p_v, mask=m_n[:, None] & m_pp[None, :], other=0.0).to(tl.float32)
                 b_acc = b_acc * b_alpha[:, None]
                 b_acc = tl.dot(b_e, b_v, b_acc, input_precision=PRECISION)
             else:
@@ -258,6 +272,12 @@ def _apply_fwd_kernel(
 
     if P16:
         b_acc = b_acc * (vscale * (1.0 / 32768.0))
+    elif HAS_V and P_TILES == 1 and not VEC:
+        if not (GRAD and D_TILES == 1 and SCORE_PRECISION != "f16x3"):
+            # The values' scale (a power of two: exact) comes off after the sweep: a product
+            # between the load and the dot would send the tile through registers into a
+            # second, unswizzled shared buffer (32-way bank conflicts on every column tile).
+            b_acc = b_acc * vscale
     # A run-time branch, not a constexpr: one compiled kernel serves every n and m. The host
     # never splits the wide (P_TILES > 1) case, whose accumulator is Out itself.
     if MERGE and n_split > 1:
@@ -398,7 +418,7 @@ def _launch_kernels(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, pre
     has_v = V is not None
     p = V.shape[2] if has_v else 1
     r = A.shape[2] if A is not None else 0
-    cfg = transport_config(d, p, r)
+    cfg = transport_config(d, p, r, precision)
     if grad:
         # The gradient reads V = the column points through the d tiling.
         cfg = TransportConfig(
@@ -433,12 +453,15 @@ def _launch_kernels(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, pre
            and cost == kernel_costs.SQEUCLIDEAN and xc.dtype == torch.float16
            and score_prec == "tf32")  # fmt: skip
     merge = cfg.p_tiles == 1 and TUNING.inplace_merge
+    # V's rows are contiguous (V.contiguous() above): exactly p apart
+    even_p = has_v and whole_tile(p, cfg.block_p, cfg.p_tiles, V)
     kw = dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
         BLOCK_P=cfg.block_p, P_TILES=cfg.p_tiles, BLOCK_R=cfg.block_r, R_TILES=cfg.r_tiles,
         HAS_V=has_v, HADAMARD=r > 0, GRAD=grad, VEC=vec, P16=p16, PRECISION=precision,
         HAD_PRECISION=precision if cfg.block_r >= TC_MIN_RANK_BLOCK else "ieee",
         SCORE_PRECISION=score_prec, COST=cost, LABELS=labels, MERGE=merge,
+        EVEN_D=even_d(cfg, d, xr, xc), EVEN_P=even_p,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **FP_FUSION,
     )
 
