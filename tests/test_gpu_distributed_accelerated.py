@@ -89,8 +89,12 @@ def test_sharded_default_matches_one_gpu(job, name):
     for r in entries(job, name):
         # the same float32 centre and TF32 grid as one process (float64 sums,
         # docs/distributed.md): what differs is the order of the fp32 sums of the sweeps
+        # (2 H200s, 40k x 36k: f, g within 3e-7 to 8.4e-6)
         assert r["f"] < 1e-4 and r["g"] < 1e-4 and r["value"] < 1e-5, r
-        assert r["grad_x"] < 1e-4, r
+        # The "tf32" gradient multiplies float16 roundings of the plan's tiles by the points
+        # (TUNING.fp16_grad, backends/triton/transport.py): 2^-11 per entry. Plans that differ
+        # in the last fp32 bits round some entries the other way (measured 1.3-1.4e-4).
+        assert r["grad_x"] < 2.0**-11, r
         assert r["n_iters"][0] == r["n_iters"][1], r
         assert r["converged"][0] == r["converged"][1], r
         if name.startswith("default"):

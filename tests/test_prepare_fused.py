@@ -279,15 +279,16 @@ def test_prepare_graphs_replay_new_values_and_scales(path):
 
 
 @pytest.mark.parametrize(("B", "d"), [(0, 3), (3, 130)])
-def test_diameter_is_the_largest_bounding_box_diagonal(path, B, d):
+def test_diameter_is_the_largest_bounding_box_diagonal(device, path, B, d):
     # Problem.diameter (the annealing ladder's start and the "auto" rule's scale) comes with
     # prepare's one synchronisation, on both paths: the diagonal of the box of both clouds,
-    # the largest over a batch (each problem of a batch has its own box).
-    x, y, _ = _clouds("cpu", B, 67, 41, d)
+    # the largest over a batch (each problem of a batch has its own box). The clouds live on
+    # the kernels' device (the Triton path reads CPU tensors only under the interpreter).
+    x, y, _ = _clouds(device, B, 67, 41, d)
     if B:
-        x = x * torch.arange(1.0, B + 1.0)[:, None, None]  # a different box per problem
+        x = x * torch.arange(1.0, B + 1.0, device=device)[:, None, None]  # one box per problem
     xb, yb = (x, y) if B else (x[None], y[None])
-    pts = torch.cat([xb, yb], 1).double()
+    pts = torch.cat([xb, yb], 1).double().cpu()
     want = (pts.amax(1) - pts.amin(1)).norm(dim=-1).max().item()
     ref, got = _both(path, x, y, None, None, rho_x=None, rho_y=None, precision="tf32")
     assert ref.diameter == pytest.approx(want, rel=1e-6)
