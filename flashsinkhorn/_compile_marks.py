@@ -84,10 +84,13 @@ def _skip_frames() -> None:
     try:
         from torch._C._dynamo import eval_frame as C
 
-        for code in _UNTRACED:
-            C.set_code_exec_strategy(
-                code, C._FrameExecStrategy(C._FrameAction.SKIP, C._FrameAction.DEFAULT)
-            )
+        if hasattr(C, "set_code_exec_strategy"):
+            strategy = C._FrameExecStrategy(C._FrameAction.SKIP, C._FrameAction.DEFAULT)
+            for code in _UNTRACED:
+                C.set_code_exec_strategy(code, strategy)
+        else:  # torch < 2.7: the C extension marks a code object directly
+            for code in _UNTRACED:
+                C.skip_code(code)
     except (ImportError, AttributeError, TypeError, RuntimeError):
         pass
 
