@@ -15,11 +15,15 @@ from flashsinkhorn.coupling.minibatch import cost_scale, solve_batches
 from flashsinkhorn.coupling.sampling import draw_rows
 from flashsinkhorn.tuning import override
 
+from .interpreter_versions import needs_interpreter_3_3
+
 # A draw whose two best perturbed scores lie within the backends' score rounding may differ
 # (tests/test_coupling_kernels.py); the bound leaves room for one such draw in a hundred.
 AGREE = 0.99
-# (B, n, m, d): n, m not multiples of the tiles; m = 300 spans two 256-wide column tiles
-CASES = [(None, 45, 77, 3), (2, 37, 300, 20)]
+# (B, n, m, d): n, m not multiples of the tiles; m = 300 spans two 256-wide column tiles (there
+# Triton 3.2's interpreter, whose argmax interpreter_versions.py describes, draws column 0 for
+# row 0 of the second matrix; 3.9.0's draws the reference's column 117)
+CASES = [(None, 45, 77, 3), pytest.param(2, 37, 300, 20, marks=needs_interpreter_3_3)]
 
 
 def _solved(B, n, m, d, device, seed=0, rho=None):

@@ -10,8 +10,6 @@ from flashsinkhorn.backends.triton import half_hopper, plan
 from flashsinkhorn.problem import prepare
 from flashsinkhorn.tuning import TUNING, override
 
-from .interpreter_versions import needs_interpreter_3_3
-
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability(0)[0] == 9
 needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon sweep runs on Hopper GPUs only")
 
@@ -134,7 +132,6 @@ def test_other_operands_keep_the_plain_sweep(monkeypatch, precision):
     assert not calls
 
 
-@needs_interpreter_3_3
 def test_interpreter_never_takes_the_gluon_sweep():
     assert not half_hopper.available(torch.device("cpu"))
     assert half_hopper.supports(64, torch.float16, True, True)

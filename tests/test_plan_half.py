@@ -11,11 +11,8 @@ from flashsinkhorn.backends import TorchBackend, resolve_backend
 from flashsinkhorn.backends.triton import plan, softmin
 from flashsinkhorn.tuning import TUNING, override
 
-from .interpreter_versions import needs_interpreter_3_3
 from .loop_reference import torch_iterate
 from .test_plan_step import SHAPES, _plan_with_flag, _problem
-
-pytestmark = needs_interpreter_3_3
 
 
 def _half_with_flag(monkeypatch, *args):

@@ -15,9 +15,6 @@ from flashsinkhorn.problem import prepare
 from flashsinkhorn.tuning import TUNING
 
 from .clouds import weighted_clouds
-from .interpreter_versions import needs_interpreter_3_3
-
-pytestmark = needs_interpreter_3_3
 
 F64 = torch.float64
 

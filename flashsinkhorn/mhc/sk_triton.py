@@ -170,12 +170,14 @@ def _gen_check(p_flag, b_m, m_r, m_c):
     r_max = tl.where(m_r, tl.reduce(b_m, 1, _max_nan), 0.0)
     c_max = tl.where(m_c, tl.reduce(b_m, 0, _max_nan), 0.0)
     hi = tl.reduce(r_max, 0, _max_nan)
-    bad = (hi != hi) | (hi == float("inf"))
-    tl.store(p_flag, bad.to(tl.int8), mask=bad)
-    bad = tl.min(r_max, 0) == -float("inf")
-    tl.store(p_flag + 1, bad.to(tl.int8), mask=bad)
-    bad = tl.min(c_max, 0) == -float("inf")
-    tl.store(p_flag + 2, bad.to(tl.int8), mask=bad)
+    # branches, not stores masked by a scalar: Triton 3.2's interpreter stores through a false
+    # scalar mask (a good matrix then clears the byte a bad one set)
+    if (hi != hi) | (hi == float("inf")):
+        tl.store(p_flag, 1)
+    if tl.min(r_max, 0) == -float("inf"):
+        tl.store(p_flag + 1, 1)
+    if tl.min(c_max, 0) == -float("inf"):
+        tl.store(p_flag + 2, 1)
 
 
 @triton.jit

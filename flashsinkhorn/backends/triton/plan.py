@@ -207,7 +207,10 @@ def _plan_finish_rows(
     b_u = tl.load(Bias + i_b64 * n_rows + o_m, mask=m_m, other=0.0)
     b_ok = (b_sum >= 5.421010862427522e-20) & (b_sum <= 3.0e38)  # 2^-64; NaN fails both
     b_bad = tl.max((m_m & (b_ok == 0)).to(tl.int32), 0)
-    tl.store(Flag, 1.0, mask=b_bad > 0)
+    # a branch, not a store masked by a scalar: Triton 3.2's interpreter stores through a
+    # false scalar mask
+    if b_bad > 0:
+        tl.store(Flag, 1.0)
     softmin_epilogue(
         shift2 - b_u, b_sum, Sq, Pot, Out, Raw, o_vr, m_m, eps, alpha, beta, WRITE_RAW, COST
     )

@@ -45,7 +45,8 @@ def _sums_step_kernel(
         shift2 = tl.load(Shift + i_b64) * (1.4426950408889634 / eps)
     b_ok = (b_sum >= 5.421010862427522e-20) & (b_sum <= 3.0e38)  # 2^-64; NaN fails both
     b_bad = tl.max((m_m & (b_ok == 0)).to(tl.int32), 0)
-    tl.store(Flag, 1.0, mask=b_bad > 0)
+    if b_bad > 0:  # a branch, not a scalar mask (plan.py's finishing kernel)
+        tl.store(Flag, 1.0)
     softmin_epilogue(
         shift2 - b_h, b_sum, Sq, Old, Out, Raw, o_v, m_m, eps, alpha, beta, WRITE_RAW, COST
     )
