@@ -138,3 +138,10 @@ def entries(job, name) -> list[dict]:
         assert "exception" not in r, f"rank {rank}:\n{r['exception']}"
         rows.append(r)
     return rows
+
+
+def assert_each_below(job, name, tol: float) -> None:
+    """Every value of check ``name`` on every rank is below ``tol`` (the failing key named)."""
+    for r in entries(job, name):
+        for k, v in r.items():
+            assert v < tol, (k, r)
