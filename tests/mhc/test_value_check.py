@@ -13,6 +13,7 @@ import torch
 from flashsinkhorn.mhc import sinkhorn as S
 from flashsinkhorn.mhc import sinkhorn_knopp, sk_triton, value_check
 
+from ..interpreter_versions import MASKED_SCALAR_STORE, OLD_INTERPRETER
 from .test_sinkhorn import _logits
 
 # (n, forward path): the small path (one matrix per lane, generated) for n <= 4, the general
@@ -58,6 +59,8 @@ def _forward(m, variant, check):
 @pytest.mark.parametrize("variant", ["log", "deepseek"])
 @pytest.mark.parametrize("n,path", PATHS)
 def test_bad_logits_refused_as_by_torch(device, monkeypatch, n, path, variant, dtype):
+    if OLD_INTERPRETER and (n > 4 or path == "general"):
+        pytest.skip(MASKED_SCALAR_STORE)
     _use_path(monkeypatch, path)
     m = _logits((5, n, n), seed=n).to(dtype).to(device)
     for name, where, value in BAD:
@@ -115,7 +118,8 @@ def test_flag_bytes_per_condition(device):
     # the bytes each kernel sets, for one bad matrix at a time: in the second program of the
     # small path (BLOCK = 256 matrices per program), and in the general path
     n = 4
-    for path, bsz in (("small", 259), ("general", 3)):
+    paths = (("small", 259),) if OLD_INTERPRETER else (("small", 259), ("general", 3))
+    for path, bsz in paths:
         m = _logits((bsz, n, n), seed=3).float().to(device)
         for name, where, value in BAD:
             bad = m.clone()
