@@ -13,7 +13,8 @@ and for each time-to-solution file (``ttt_<gpu>.json``) ``bench_ttt_<gpu>.png``:
 call against the best peer setting that reached the tolerance, one pair of bars per problem
 (``bench_headline.png``, on the home page, is the H100 one); ``bench_mhc_projection.png``:
 the mHC projection's forward time against the batch size, from ``mhc_h100.json``;
-``bench_distributed.png``: one problem on one and two GPUs, from ``distributed_h200x2.json``.
+``bench_distributed.png``: one problem on one, two and four GPUs, from
+``distributed_nvidia-h200x4.json``.
 
 Usage::
 
@@ -357,29 +358,35 @@ def plot_mhc_projection(plt, device: str, data: dict, out: Path) -> Path | None:
 
 
 def plot_distributed(plt, rows: list[dict], out: Path) -> Path | None:
-    """Time of 10 iterations on one GPU and sharded over two, per problem size and mode."""
-    groups: dict[int, dict[str, float]] = defaultdict(dict)
+    """Time of one solve on one GPU and sharded over more, both modes: 10 symmetric
+    iterations at 2·10⁶ and 4·10⁶ points, and the default to tol 1e-3 at 2·10⁶."""
+    groups: dict[tuple, dict[str, float]] = defaultdict(dict)
     device = None
     for r in rows:
-        if r.get("case") != "distributed" or r.get("ms") is None:
+        case, n = r.get("case"), r.get("n")
+        if case not in ("distributed_fixed", "distributed_tol") or n < 2_000_000:
             continue
         device = r.get("device")
         gpus = "1 GPU" if r["world_size"] == 1 else f"{r['world_size']} GPUs, {r['mode']}"
-        groups[r["n"]][gpus] = r["ms"] / 1e3
+        groups[(case == "distributed_tol", n)][gpus] = r["ms"] / 1e3
     if not groups:
         return None
-    names = sorted({n for g in groups.values() for n in g})
-    colours = dict(zip(names, ["#7f7f7f", "#d62728", "#1f77b4", "#2ca02c"], strict=False))
-    groups = dict(sorted(groups.items()))
+    order = ["1 GPU"] + [f"{w} GPUs, {m}" for w in (2, 4, 8) for m in ("gather", "ring")]
+    names = [g for g in order if any(g in v for v in groups.values())]
+    palette = ["#7f7f7f", "#ff9896", "#d62728", "#aec7e8", "#1f77b4", "#98df8a", "#2ca02c"]
+    colours = dict(zip(names, palette, strict=False))
+    groups = {k: {g: v[g] for g in names if g in v} for k, v in sorted(groups.items())}
+    labels = [f"{n / 1e6:g}M², " + ("default to tol 1e-3" if tol else "10 iterations")
+              for tol, n in groups]  # fmt: skip
     return _bars(
         plt,
-        groups,
-        [f"{n / 1e6:g}M² points, d=64" for n in groups],
-        "seconds for 10 iterations (lower is better)",
-        f"{device}: one problem sharded with torch.distributed",
+        dict(zip(labels, groups.values(), strict=True)),
+        labels,
+        "seconds (log scale, lower is better)",
+        f"{device}: one problem sharded with torch.distributed, d=64",
         out / "bench_distributed.png",
         colours,
-        log=False,
+        log=True,
     )
 
 
@@ -401,7 +408,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    distributed = Path(args.results) / "distributed_h200x2.json"
+    distributed = Path(args.results) / "distributed_nvidia-h200x4.json"
     if distributed.is_file():
         written.append(plot_distributed(plt, json.loads(distributed.read_text()), out))
     for stem, data in load(Path(args.results)).items():
