@@ -3,6 +3,8 @@ bit-identical results for identical inputs, solves and kernel caches safe across
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import threading
@@ -142,18 +144,15 @@ def test_matmul_precision_restores_tf32_flag_after_exception(allow):
 
 
 _TF32_SCRIPT = """
+import json
+import os
 import sys
+import traceback
+
 import torch
 from flashsinkhorn.backends.torch_ref import matmul_precision
 
 flags = torch.backends.cuda.matmul
-scenario, use_block = sys.argv[1], sys.argv[2] == "1"
-if scenario.startswith("legacy_"):
-    flags.allow_tf32 = scenario == "legacy_tf32"
-elif scenario.startswith("global_"):
-    torch.backends.fp32_precision = scenario[len("global_"):]
-elif scenario.startswith("new_"):
-    flags.fp32_precision = scenario[len("new_"):]
 
 
 def observe():
@@ -164,42 +163,96 @@ def observe():
     return [flags.fp32_precision, legacy]
 
 
-seen = []
-if use_block:
-    for prec in ("tf32", "ieee"):
-        with matmul_precision(prec, torch.device("cuda")):
-            assert flags.fp32_precision == prec, (prec, flags.fp32_precision)
-            other = "ieee" if prec == "tf32" else "tf32"
-            with matmul_precision(other, torch.device("cuda")):
-                assert flags.fp32_precision == other
-            assert flags.fp32_precision == prec
-seen += observe()
-# whether the matmul flag still follows the global setting
-torch.backends.fp32_precision = "ieee" if flags.fp32_precision == "tf32" else "tf32"
-seen += observe()
-print(seen)
+def run(scenario, use_block):
+    if scenario.startswith("legacy_"):
+        flags.allow_tf32 = scenario == "legacy_tf32"
+    elif scenario.startswith("global_"):
+        torch.backends.fp32_precision = scenario[len("global_"):]
+    elif scenario.startswith("new_"):
+        flags.fp32_precision = scenario[len("new_"):]
+    seen = []
+    if use_block:
+        for prec in ("tf32", "ieee"):
+            with matmul_precision(prec, torch.device("cuda")):
+                assert flags.fp32_precision == prec, (prec, flags.fp32_precision)
+                other = "ieee" if prec == "tf32" else "tf32"
+                with matmul_precision(other, torch.device("cuda")):
+                    assert flags.fp32_precision == other
+                assert flags.fp32_precision == prec
+    seen += observe()
+    # whether the matmul flag still follows the global setting
+    torch.backends.fp32_precision = "ieee" if flags.fp32_precision == "tf32" else "tf32"
+    seen += observe()
+    return seen
+
+
+def run_in_child(scenario, use_block):
+    # a forked child starts from this process's untouched flags, as a fresh interpreter would
+    # (torch's import is the cost of a fresh one: 3 s, against milliseconds for a fork)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            out = {"seen": run(scenario, use_block)}
+        except BaseException:
+            out = {"error": traceback.format_exc()}
+        os.write(write, json.dumps(out).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+runs = [(scenario, use_block == "1") for scenario, use_block in json.loads(sys.argv[1])]
+if len(runs) == 1:
+    try:
+        out = [{"seen": run(*runs[0])}]
+    except BaseException:
+        out = [{"error": traceback.format_exc()}]
+else:
+    out = [run_in_child(*r) for r in runs]
+print(json.dumps(out))
 """
+
+TF32_SCENARIOS = [
+    "fresh", "legacy_tf32", "legacy_ieee", "global_tf32", "global_ieee", "new_tf32", "new_ieee",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tf32_observations():
+    """(scenario, with the block) -> what each API reads afterwards, or the error, each from a
+    process of its own: forked children of one interpreter where os.fork exists, else one
+    interpreter per observation."""
+    runs = [(s, str(int(b))) for s in TF32_SCENARIOS for b in (False, True)]
+    batches = [runs] if hasattr(os, "fork") else [[r] for r in runs]
+    seen = {}
+    for batch in batches:
+        args = [sys.executable, "-c", _TF32_SCRIPT, json.dumps(batch)]
+        done = subprocess.run(args, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        for (scenario, use_block), out in zip(batch, json.loads(done.stdout), strict=True):
+            seen[scenario, use_block == "1"] = out
+    return seen
 
 
 @pytest.mark.skipif(
     not hasattr(torch.backends.cuda.matmul, "fp32_precision"), reason="torch < 2.9: one API"
 )
-@pytest.mark.parametrize(
-    "scenario",
-    ["fresh", "legacy_tf32", "legacy_ieee", "global_tf32", "global_ieee", "new_tf32", "new_ieee"],
-)
-def test_matmul_precision_leaves_no_trace_in_either_tf32_api(scenario):
+@pytest.mark.parametrize("scenario", TF32_SCENARIOS)
+def test_matmul_precision_leaves_no_trace_in_either_tf32_api(tf32_observations, scenario):
     # torch >= 2.9 keeps the TF32 flag in two APIs and raises on a legacy read once the new one
     # was used; the block must restore the value, the inheritance from the global setting and
-    # whether a legacy read works, whichever API the caller used. Subprocesses, because the
-    # flags are process-wide state: the same observations with and without the block.
-    def run(use_block):
-        args = [sys.executable, "-c", _TF32_SCRIPT, scenario, str(int(use_block))]
-        done = subprocess.run(args, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr[-2000:]
-        return done.stdout.strip()
-
-    assert run(True) == run(False)
+    # whether a legacy read works, whichever API the caller used. Processes of their own,
+    # because the flags are process-wide state: the same observations with and without the
+    # block.
+    with_block, without = tf32_observations[scenario, True], tf32_observations[scenario, False]
+    for out in (with_block, without):
+        assert "error" not in out, out["error"][-2000:]
+    assert with_block["seen"] == without["seen"]
 
 
 # ----- determinism -----
