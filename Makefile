@@ -32,8 +32,14 @@ $(DEMO_STAMP): $(STAMP)
 demo: $(DEMO_STAMP)
 	$(PY) examples/demo.py
 
+# The CPU suite on TEST_WORKERS pytest-xdist processes, each with its share of the cores as
+# torch threads; --dist loadfile keeps each module on one worker, and the modules that spawn
+# gloo ranks on one worker together (tests/conftest.py). TEST_WORKERS=0: in this process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not gpu and not slow" -p no:cacheprovider
+	$(PY) -m pytest -q -m "not gpu and not slow" -p no:cacheprovider -n $(TEST_WORKERS) \
+		--dist loadfile
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu

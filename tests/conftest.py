@@ -1,7 +1,9 @@
 """Test configuration.
 
 Without a CUDA device the Triton kernels run under the interpreter: TRITON_INTERPRET must be
-set before triton decorates any kernel, i.e. before flashsinkhorn is imported.
+set before triton decorates any kernel, i.e. before flashsinkhorn is imported. Under
+pytest-xdist (`make test`: 2 workers, --dist loadfile) the workers share the cores and the
+modules that spawn gloo ranks run on one worker.
 """
 
 import os
@@ -13,6 +15,21 @@ if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+
+
+def _share_cores_between_workers():
+    # Under pytest-xdist (`make test` runs 2 workers) each worker process gets its share of the
+    # cores as torch intra-op threads: with torch's default (one thread per core) in every
+    # worker, 2 workers on 2 cores oversubscribe and the dense torch tests slow down. Set once
+    # per worker process; the tests that change the count restore it themselves.
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers is None:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    torch.set_num_threads(max(1, (cores or 1) // int(workers)))
+
+
+_share_cores_between_workers()
 
 
 def pytest_configure(config):
@@ -51,6 +68,29 @@ def _check_interpreter_numpy():
         f"the interpreter of Triton {triton.__version__} {why} (NumPy {np.__version__} is "
         f"installed): install '{fix}' or a newer Triton to run the interpreter tests"
     )
+
+
+# The modules that spawn gloo ranks (tests/dist_harness.py), by the start of their path: one job
+# of ranks per module, shared by its tests through a module-scoped fixture.
+GLOO_MODULES = "tests/test_distributed"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    # `make test` runs pytest-xdist with --dist loadfile: a module's tests stay on one worker, so
+    # module-scoped fixtures run once. The modules of GLOO_MODULES form one unit on top: their
+    # jobs run one after the other, never two jobs' ranks on the cores at once (a rank waits at
+    # most dist_harness.TIMEOUT_S in a collective).
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class GlooModulesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid):
+            scope = super()._split_scope(nodeid)
+            return GLOO_MODULES if scope.startswith(GLOO_MODULES) else scope
+
+    return GlooModulesTogether(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
