@@ -184,5 +184,7 @@ def solve(
 def _warn(where: str, res: SinkhornResult, opts: SinkhornOptions) -> None:
     # the result says converged=False itself, but a user who reads only f, g or value
     # should not miss it: warn like the losses (ConvergenceWarning)
-    what = "batched Sinkhorn solve" if res.f.dim() > 1 else "Sinkhorn solve"
+    # the batch flag from the problem: reading res.f would form the gauged potentials (three
+    # reductions and eight launches per call) on the fixed-iteration path, which never warns
+    what = "batched Sinkhorn solve" if res.solution.problem.batched else "Sinkhorn solve"
     warn_unconverged(where, [report("OT(x, y)", res)], opts.n_iters, opts.tol, what)

@@ -64,6 +64,21 @@ def test_batched_problems_are_each_in_the_gauge():
     torch.testing.assert_close(r.f[0], one.f, rtol=0, atol=1e-9)
 
 
+@pytest.mark.parametrize("tol", [None, 1e-6])
+def test_the_gauge_is_formed_only_when_the_potentials_are_read(tol):
+    # The shift costs reductions and launches (eight per call on the GPU): a call that reads
+    # the value only must not pay for it, whether or not it has a tolerance to warn about.
+    x, y, a, b = _clouds()
+    C = torch.cdist(x, y) ** 2
+    for res in (fs.sinkhorn(x, y, a, b, eps=0.1, tol=tol, n_iters=50),
+                fs.solve(C, a, b, eps=0.1, tol=tol, n_iters=50)):  # fmt: skip
+        assert res._gauged is None
+        res.value.item()
+        assert res._gauged is None
+        assert res.f.shape == (x.shape[0],)
+        assert res._gauged is not None
+
+
 def test_what_reads_the_potentials_is_unchanged_by_the_gauge():
     # The plan, the transports, the value and the gradients read f + g: the gauge moves
     # nothing else. The weight gradient of ot_cost is f itself, in the same gauge.
