@@ -208,6 +208,34 @@ def test_key_holds_the_staged_label_table_the_launches_read():
     assert graphs.launch_key(p, TorchBackend())[-1] == ()
 
 
+@pytest.mark.parametrize("eager_runs", [1, 2])
+def test_a_key_is_captured_after_its_eager_runs(monkeypatch, eager_runs):
+    # prepare's launches wait for a third call (a capture costs as much as a small solve's
+    # host work); the solves capture on the second
+    from flashsinkhorn import _cuda_graph
+    from flashsinkhorn.backends.triton import prepare as tp
+
+    class Graph:
+        replays = 0
+
+        def replay(self):
+            Graph.replays += 1
+
+    captures, runs = [], []
+    monkeypatch.setattr(
+        _cuda_graph, "capture", lambda fn, device: captures.append(1) or (Graph(), fn())
+    )
+    cache = _cuda_graph.GraphCache(4, eager_runs=eager_runs)
+    out = torch.zeros(1)
+    for call in range(eager_runs + 3):
+        cache.run(("k",), lambda n=call: runs.append(n) or (out,), "cpu")
+        assert len(captures) == (call >= eager_runs)
+    assert runs == [*range(eager_runs), eager_runs]  # eager runs, then the capture's own
+    assert Graph.replays == 3 and cache.stats()["replayed"] == 3
+    assert tp._graphs("cpu").eager_runs == tp.PREPARE_EAGER_RUNS == 2
+    assert graphs._cache("cpu").eager_runs == 1
+
+
 def test_one_runtime_per_device_holds_every_graph_cache():
     from flashsinkhorn import _cuda_graph
     from flashsinkhorn.backends.triton import prepare as tp
@@ -247,6 +275,46 @@ def test_staged_copy_keeps_every_field_and_alias():
         if prob.Y.mass_of is not None:
             assert (st.Y.mass_of is st.X.w) == (prob.Y.mass_of is prob.X.w)
         assert len(graphs._problem_tensors(st)) == len(tensors)
+
+
+def test_staged_copy_moves_carved_tensors_as_one_span():
+    # prepare's layout: the float32 outputs carved from one block (with padding between
+    # them), the float16 ones from another, and a caller's tensor of its own
+    from flashsinkhorn.backends.triton.prepare import _carve
+
+    g = torch.Generator().manual_seed(3)
+    specs = [((2, 5), torch.float32), ((2, 37, 3), torch.float32), ((2, 37), torch.float32),
+             ((2, 37, 3), torch.float16), ((2, 29, 3), torch.float16)]  # fmt: skip
+    carved = _carve("cpu", specs)
+    for t in carved:
+        t.copy_(torch.randn(t.shape, generator=g))
+    alone = torch.randn(2, 29, generator=g)
+    big = torch.randn(1000, generator=g)
+    small_view = big[500:510]  # a view of a much larger storage: copied alone
+    tensors = [*carved, alone, small_view]
+    spans, place = graphs._spans(tensors)
+    assert len(spans) == 4  # float32 block, float16 block, the two lone tensors
+    assert [n for _, _, n in spans][2:] == [alone.numel(), small_view.numel()]
+    views = graphs._span_views(tensors, spans)
+    for t, (k, off) in zip(tensors, place, strict=True):
+        got = views[k].as_strided(t.shape, t.stride(), views[k].storage_offset() + off)
+        assert torch.equal(got, t) and got.data_ptr() == t.data_ptr()
+    # a staged problem from carved tensors: fewer buffers than tensors, every value kept
+    p = _problem("cpu")
+    x_b, sq_b = _carve(
+        "cpu", [(tuple(p.X.x.shape), p.X.x.dtype), (tuple(p.X.sq.shape), p.X.sq.dtype)]
+    )
+    x_b.copy_(p.X.x)
+    sq_b.copy_(p.X.sq)
+    prob = dataclasses.replace(p, X=dataclasses.replace(p.X, x=x_b, sq=sq_b))
+    tensors = graphs._problem_tensors(prob)
+    staged = graphs._Staged(prob, tensors)
+    assert len(staged.buffers) == len(tensors) - 1
+    assert torch.equal(staged.problem.X.x, prob.X.x) and torch.equal(staged.problem.X.sq, prob.X.sq)
+    assert staged.problem.X.x.data_ptr() != prob.X.x.data_ptr()
+    # the layout is part of the key: the same tensors carved apart are another layout
+    apart = dataclasses.replace(p, X=dataclasses.replace(p.X, x=x_b.clone(), sq=sq_b.clone()))
+    assert graphs._spans(graphs._problem_tensors(apart))[1] != graphs._spans(tensors)[1]
 
 
 def test_no_staging_on_cpu():

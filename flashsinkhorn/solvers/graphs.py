@@ -71,6 +71,9 @@ def _problem_key(problem: Problem, backend) -> tuple | None:
         return None
     if torch.cuda.is_current_stream_capturing():
         return None
+    known = _STAGED_KEYS.get(id(problem))
+    if known is not None and known[0] is problem and known[1] is type(backend):
+        return known[2]  # a staged problem: its buffers' key, built once per shape
     return launch_key(problem, backend)
 
 
@@ -137,6 +140,9 @@ def seen() -> int:
 STAGE_MAX_BYTES = 1 << 26
 #: Staged problems kept per device (least recently used dropped first).
 STAGE_MAX_SHAPES = 4
+#: id(staged problem) -> (that problem, backend class, its launch_key) while its solve runs:
+#: the buffers' addresses are fixed, so the key of a staged solve is built once per shape.
+_STAGED_KEYS: dict[int, tuple] = {}
 
 
 def _problem_tensors(problem: Problem) -> list[torch.Tensor]:
@@ -153,16 +159,57 @@ def _problem_tensors(problem: Problem) -> list[torch.Tensor]:
     return list(seen.values())
 
 
-def _stage_key(problem: Problem, backend, tensors) -> tuple | None:
+def _spans(tensors: list[torch.Tensor]) -> tuple[list[tuple[int, int, int]], tuple]:
+    """How a staging copy moves ``tensors`` (contiguous): as few flat spans as it can.
+
+    ``prepare`` carves its outputs from one block per dtype, so most of a problem's dozen
+    tensors are views of two storages; the tensors of one dtype in one storage move as one
+    span when it is at most twice their size (else one by one). Each copy is a launch of its
+    own, and the per-tensor copies cost more host time than the rest of the staging.
+
+    Returns:
+        spans: (index of a tensor in the span's storage, first element, length) per span.
+        place: per tensor, (its span, its offset in the span): with the lengths, the layout a
+            staged copy must share.
+    """
+    groups: dict[tuple, list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t.untyped_storage().data_ptr(), t.dtype), []).append(i)
+    spans: list[tuple[int, int, int]] = []
+    place: list[tuple[int, int]] = [(0, 0)] * len(tensors)
+    for idx in groups.values():
+        lo = min(tensors[i].storage_offset() for i in idx)
+        hi = max(tensors[i].storage_offset() + tensors[i].numel() for i in idx)
+        if len(idx) > 1 and hi - lo <= 2 * sum(tensors[i].numel() for i in idx):
+            for i in idx:
+                place[i] = (len(spans), tensors[i].storage_offset() - lo)
+            spans.append((idx[0], lo, hi - lo))
+            continue
+        for i in idx:
+            place[i] = (len(spans), 0)
+            spans.append((i, tensors[i].storage_offset(), tensors[i].numel()))
+    return spans, tuple(place)
+
+
+def _span_views(tensors: list[torch.Tensor], spans) -> list[torch.Tensor]:
+    """The flat source view of each span (:func:`_spans`)."""
+    return [tensors[i].as_strided((n,), (1,), lo) for i, lo, n in spans]
+
+
+def _stage_key(problem: Problem, backend, tensors, spans, place) -> tuple | None:
     """What a staged copy of ``problem`` must share with it: every field but the tensors'
-    addresses, and which fields alias one tensor."""
-    base = _problem_key(problem, backend)
-    if base is None or problem.X.labels is not None or problem.Y.labels is not None:
+    addresses, which fields alias one tensor, and how the tensors sit in their spans."""
+    if problem.device.type != "cuda" or not backend.capabilities.graph_safe:
+        return None
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    if problem.X.labels is not None or problem.Y.labels is not None:
         return None  # a label table is staged by the backend, keyed by its own address
     if sum(t.numel() * t.element_size() for t in tensors) > STAGE_MAX_BYTES:
         return None
     if any(not t.is_contiguous() for t in tensors):
         return None
+    launched = tuple(tensor_key(t) for t in backend.launch_tensors(problem))
 
     index = {id(t): i for i, t in enumerate(tensors)}
 
@@ -176,15 +223,24 @@ def _stage_key(problem: Problem, backend, tensors) -> tuple | None:
 
     return (
         type(backend), problem.precision, problem.batched, problem.X is problem.Y,
-        side(problem.X), side(problem.Y), field(problem.centre), base[-1],
+        side(problem.X), side(problem.Y), field(problem.centre), launched,
+        place, tuple(n for _, _, n in spans),
     )  # fmt: skip
 
 
 class _Staged:
     """The buffers of one shape and a lock: one solve at a time launches on them."""
 
-    def __init__(self, problem: Problem, tensors: list[torch.Tensor]):
-        copies = {id(t): t.clone() for t in tensors}
+    def __init__(self, problem: Problem, tensors: list[torch.Tensor], spans=None):
+        if spans is None:
+            spans, place = _spans(tensors)
+        else:
+            spans, place = spans
+        self.buffers = [v.clone() for v in _span_views(tensors, spans)]
+        copies = {
+            id(t): self.buffers[k].as_strided(t.shape, t.stride(), off)
+            for t, (k, off) in zip(tensors, place, strict=True)
+        }
 
         def side(s):
             return dataclasses.replace(
@@ -199,8 +255,8 @@ class _Staged:
         X = side(problem.X)
         Y = X if problem.Y is problem.X else side(problem.Y)
         centre = None if problem.centre is None else copies[id(problem.centre)]
-        self.buffers = [copies[id(t)] for t in tensors]
         self.problem = dataclasses.replace(problem, X=X, Y=Y, centre=centre)
+        self.keys: dict[type, tuple] = {}  # launch_key of the buffers, per backend class
         self.lock = threading.Lock()
         self.done: torch.cuda.Event | None = None
 
@@ -210,14 +266,14 @@ class _StagingCache:
         self._lock = threading.Lock()
         self._entries: OrderedDict = OrderedDict()
 
-    def entry(self, key, problem: Problem, tensors) -> tuple[_Staged, bool]:
+    def entry(self, key, problem: Problem, tensors, spans) -> tuple[_Staged, bool]:
         """The staged buffers of ``key`` and whether they were made now (from ``problem``)."""
         with self._lock:
             got = self._entries.get(key)
             if got is not None:
                 self._entries.move_to_end(key)
                 return got, False
-            got = self._entries[key] = _Staged(problem, tensors)
+            got = self._entries[key] = _Staged(problem, tensors, spans)
             while len(self._entries) > STAGE_MAX_SHAPES:
                 self._entries.popitem(last=False)
             return got, True
@@ -235,25 +291,34 @@ def staged(problem: Problem, backend) -> Iterator[Problem]:
     copy is valid inside the block only; results must not keep it (the caller's problem is
     what a result holds)."""
     tensors = _problem_tensors(problem) if problem.device.type == "cuda" else []
-    key = _stage_key(problem, backend, tensors) if tensors else None
+    spans, place = _spans(tensors) if tensors else ([], ())
+    key = _stage_key(problem, backend, tensors, spans, place) if tensors else None
     if key is None:
         yield problem
         return
     cache = runtime(problem.device).cache("staging", _StagingCache)
-    entry, made = cache.entry(key, problem, tensors)
+    entry, made = cache.entry(key, problem, tensors, (spans, place))
     if not entry.lock.acquire(blocking=False):
         yield problem  # another thread is solving this shape: this solve runs unstaged
         return
+    launched = None
     try:
         stream = torch.cuda.current_stream(problem.device)
         if not made:
             if entry.done is not None:
                 stream.wait_event(entry.done)  # a solve on another stream may still read them
             with torch.no_grad():
-                torch._foreach_copy_(entry.buffers, tensors)
+                torch._foreach_copy_(entry.buffers, _span_views(tensors, spans))
         # the statistics prepare read are host floats of this cloud, not of the first one
-        yield dataclasses.replace(entry.problem, stats=problem.stats)
+        launched = dataclasses.replace(entry.problem, stats=problem.stats)
+        kind = type(backend)
+        if kind not in entry.keys:
+            entry.keys[kind] = launch_key(entry.problem, backend)
+        _STAGED_KEYS[id(launched)] = (launched, kind, entry.keys[kind])
+        yield launched
         entry.done = torch.cuda.Event()
         entry.done.record(stream)
     finally:
+        if launched is not None:
+            _STAGED_KEYS.pop(id(launched), None)
         entry.lock.release()
