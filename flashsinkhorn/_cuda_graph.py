@@ -55,26 +55,30 @@ _MISSING = object()
 class GraphCache:
     """Launch sequences replayed from CUDA graphs, keyed by everything they depend on.
 
-    ``run(key, fn, device)`` runs ``fn`` eagerly the first time ``key`` is met, captures it the
-    second time (then replays the capture), and replays it from then on. ``fn`` must launch
+    ``run(key, fn, device)`` runs ``fn`` eagerly the first ``eager_runs`` times ``key`` is met
+    (default 1), captures it the next time (then replays the capture), and replays it from
+    then on. ``fn`` must launch
     work without host synchronisation and return a tuple; its tensors are the graph's own
     buffers on a replay, cloned for the caller when ``clone`` is set. The ``max_graphs`` most
     recently used graphs are kept.
     """
 
-    def __init__(self, max_graphs: int):
+    def __init__(self, max_graphs: int, eager_runs: int = 1):
         self.max_graphs = max_graphs
+        self.eager_runs = eager_runs
         self._lock = threading.Lock()
         self._graphs: OrderedDict = OrderedDict()  # key -> _Graphed, or None: capture failed
-        self._seen: OrderedDict = OrderedDict()  # keys met once, not captured yet
+        self._seen: OrderedDict = OrderedDict()  # key -> times met, not captured yet
         self._stats = {"captured": 0, "failed": 0, "replayed": 0}
 
     def run(self, key, fn: Callable[[], tuple], device, clone: bool = True) -> tuple:
         with self._lock:
             entry = self._graphs.get(key, _MISSING)
             if entry is _MISSING:
-                if key not in self._seen:
-                    self._seen[key] = True
+                met = self._seen.get(key, 0)
+                if met < self.eager_runs:
+                    self._seen[key] = met + 1
+                    self._seen.move_to_end(key)
                     while len(self._seen) > 4 * self.max_graphs:
                         self._seen.popitem(last=False)
                     entry = None
@@ -110,7 +114,7 @@ class GraphCache:
                 self._stats[k] = 0
 
     def seen(self) -> int:
-        """Keys met once and not captured yet."""
+        """Keys met and not captured yet."""
         with self._lock:
             return len(self._seen)
 

@@ -415,9 +415,16 @@ def sides(X, Y, a, b, centre, precision: str, scale: float, outs: dict) -> tuple
 # launcher work each (docs/performance.md). False: always launch from Python.
 
 
+#: Calls of one prepare key run eagerly before its launches are captured. A capture costs
+#: about as much as a 10k² solve's host work (0.6-1.3 ms on an H200) and saves a few tens of µs
+#: per replay: captured on the second call, a new cloud's second solve took 1.12-1.27x the
+#: steady state (10k², d = 64, default tolerance). A key met a third time is a loop's.
+PREPARE_EAGER_RUNS = 2
+
+
 def _graphs(device) -> GraphCache:
     """The cached prepare launches of ``device`` (in its runtime, ``_cuda_graph.py``)."""
-    return runtime(device).cache("prepare", lambda: GraphCache(32))
+    return runtime(device).cache("prepare", lambda: GraphCache(32, PREPARE_EAGER_RUNS))
 
 
 def _all_graphs() -> list[GraphCache]:
