@@ -113,23 +113,39 @@ def sinkhorn_knopp_reference_float(m):
     return sinkhorn_knopp_reference(m.double().cpu(), 20)
 
 
+def best_per_call(fns: dict, reps: int = 2000, rounds: int = 7) -> dict:
+    """Seconds per call of each function: the best of ``rounds`` rounds of ``reps`` calls,
+    the functions' rounds interleaved so that they see the same state of the host."""
+    for fn in fns.values():
+        for _ in range(200):
+            fn()
+    torch.cuda.synchronize()
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - t) / reps)
+    torch.cuda.synchronize()
+    return best
+
+
 @pytest.mark.gpu
 def test_gpu_host_time_per_call():
     # B = 1: the GPU finishes each kernel long before the next launch, so the wall time of
     # back-to-back calls is the host time per call (validation cached, no synchronisation).
+    # Bounded against a one-element torch op measured in the same rounds, not in
+    # microseconds: on one H200 host the same call took 14.1 and 21.3 µs in two processes,
+    # while their ratio to the bare launch stayed near 2 (14.7 against 7.0 µs).
     m = torch.randn(1, 4, 4, device="cuda")
-    for _ in range(200):
-        sinkhorn_knopp(m, 20, check_finite=False)
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        for _ in range(2000):
-            sinkhorn_knopp(m, 20, check_finite=False)
-        best = min(best, (time.perf_counter() - t) / 2000)
-        torch.cuda.synchronize()
-    print(f"host time per call: {best * 1e6:.1f} µs")
-    assert best < 20e-6, f"{best * 1e6:.1f} µs of host time per call"
+    z = torch.zeros(1, device="cuda")
+    t = best_per_call(
+        {"ours": lambda: sinkhorn_knopp(m, 20, check_finite=False), "add_": lambda: z.add_(1)}
+    )
+    print(f"host time per call: {t['ours'] * 1e6:.1f} µs (a bare add_: {t['add_'] * 1e6:.1f} µs)")
+    assert t["ours"] <= 3 * t["add_"], t
 
 
 @pytest.mark.parametrize("pair", [True, False])
