@@ -21,6 +21,7 @@ Counts per call (n rows, m columns, d features; scores = x·y pairs formed):
 kernel                    scores           products (flops)
 ========================  ===============  ==========================================
 softmin (half-step)       n m              2 n m d score
+plan_half (half-step)     n m              2 n m d score
 symmetric_lse (2 sweeps)  2 n m            2 · 2 n m d score
 plan_step                 n m              2 n m d score
 pair_step                 2 n m            2 · 2 n m d score
@@ -41,12 +42,14 @@ Problems: x, y ~ U[0, 1]^d with random weights (bench/cases.py), eps = 0.1, floa
 precision "tf32" unless ``--precision``, prepared and iterated by the library's own solve
 (``flashsinkhorn.sinkhorn``, 10 symmetric iterations, ``path="streaming"``) so that the
 plan-based kernels run from iterates (a row reports ``fallback`` when the plan step's range
-check sent it to the guarded online-LSE sweep anyway). The self triangle iterates the self
-problem of x the same way. The block-sparse kernels take the pattern, layouts and
-potentials of a multiscale solve (mixture onto shell, bench/bench_multiscale.py, eps =
-(0.01 · diameter)², tol 1e-3) and run the fine soft-min of the x side as the backend does:
-the shift kernel with the guarded exact recompute (``sparse_shift``), and the exact kernel
-alone (``sparse_exact``).
+check sent it to the guarded online-LSE sweep anyway). ``plan_half`` is the half-step the
+alternating schedule takes from an iterate at B·n·m >= 1e9 scores (plan.half_step: the row
+sums of the plan, no running max); ``softmin`` is the online-LSE half-step. The self
+triangle iterates the self problem of x the same way. The block-sparse kernels take the
+pattern, layouts and potentials of a multiscale solve (mixture onto shell,
+bench/bench_multiscale.py, eps = (0.01 · diameter)², tol 1e-3) and run the fine soft-min of
+the x side as the backend does: the shift kernel with the guarded exact recompute
+(``sparse_shift``), and the exact kernel alone (``sparse_exact``).
 
 Timing: each kernel call is queued behind a ~2 ms GPU sleep, so that CUDA events around it
 time the kernels rather than the host's launches; two warm-up calls (compilation), then the
@@ -100,6 +103,7 @@ SPARSE_SHAPE = "gmm_shell"
 #: every kernel the benchmark times, in table order
 KERNELS = (
     "softmin",
+    "plan_half",
     "symmetric_lse",
     "plan_step",
     "pair_step",
@@ -201,6 +205,7 @@ def count(kernel: str, n: int, m: int, d: int, precision: str = "tf32", fp16_gra
     table = {
         # (the rows read the old potential, not their log-weights, and write one vector)
         "softmin": (nm, {}, both),
+        "plan_half": (nm, {}, both),
         "symmetric_lse": (2 * nm, {}, both + (n + m) * f4),
         "plan_step": (nm, {}, both + (n + m) * f4),
         "pair_step": (2 * nm, {}, both + (n + m) * f4),
@@ -406,6 +411,7 @@ def dense_calls(n: int, d: int, device: torch.device, precision: str, wanted) ->
     V = torch.randn(B, Y.n, d, generator=gen).to(device)
     calls = {
         "softmin": lambda: softmin.softmin(X, Y, g, EPS, f, 0.0, 1.0, False, prec),
+        "plan_half": lambda: plan.half_step(X, Y, g, EPS, f, 0.0, 1.0, False, prec),
         "symmetric_lse": lambda: softmin.symmetric_step(
             X, Y, f, g, EPS, 0.5, 0.5, 0.5, False, prec
         ),  # fmt: skip
@@ -424,12 +430,14 @@ def dense_calls(n: int, d: int, device: torch.device, precision: str, wanted) ->
     out = {k: (c, "") for k, c in calls.items() if k in wanted}
     # The range checks are read on a call after the first: a kind's first call also runs once
     # with its launches only recorded (parallel compilation), flag unset.
-    if "plan_step" in wanted:
-        calls["plan_step"]()
-        flags = []
-        with _spy(softmin, "symmetric_step", lambda a, kw: flags.append(float(kw["guard"]))):
-            calls["plan_step"]()
-        out["plan_step"] = (calls["plan_step"], "fallback" if any(flags) else "")
+    for name in ("plan_step", "plan_half"):
+        if name in wanted:
+            calls[name]()
+            flags = []
+            record = lambda a, kw, flags=flags: flags.append(float(kw["guard"]))  # noqa: E731
+            with _spy(softmin, "symmetric_step", record):
+                calls[name]()
+            out[name] = (calls[name], "fallback" if any(flags) else "")
     if "self_triangle" in wanted:
         fs_ = _self_potential(X, prec)
         call = lambda: plan_self.self_step(X, fs_, EPS, 0.5, 0.5, False, prec)  # noqa: E731

@@ -49,6 +49,8 @@ def test_products_and_exp2_per_kernel():
     c = lambda k, **kw: BK.count(k, n, n, d, "tf32", **kw)  # noqa: E731
     # the online-LSE symmetric step and the pair step form every score twice, the plan step once
     assert c("symmetric_lse").exp2 == c("pair_step").exp2 == 2 * c("plan_step").exp2 == 2 * nm
+    # the alternating schedule's two half-steps: one score and one exp2 per pair each
+    assert c("softmin") == c("plan_half") and c("plan_half").exp2 == nm
     assert c("symmetric_lse").products == {"f16": 2 * dot}
     assert c("self_triangle").exp2 == n * (n + 1) / 2
     # P V of width d: a TF32 value dot next to the float16 score dot
@@ -68,7 +70,7 @@ def test_products_and_exp2_per_kernel():
 def test_every_kernel_of_the_list_has_a_row():
     # softmin half-step, fused symmetric step, pair step, self triangle, transport and
     # envelope gradient, HVP operators, block-sparse multiscale soft-min
-    listed = {"softmin", "symmetric_lse", "plan_step", "pair_step", "self_triangle",
+    listed = {"softmin", "plan_half", "symmetric_lse", "plan_step", "pair_step", "self_triangle",
               "transport_pv", "transport_marginal", "transport_grad", "hvp_schur",
               "hvp_hadamard", "sparse_shift"}  # fmt: skip
     assert listed <= set(BK.KERNELS)

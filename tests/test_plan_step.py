@@ -10,7 +10,7 @@ import torch
 import flashsinkhorn as fs
 from flashsinkhorn import _triton_launch as L
 from flashsinkhorn.backends import TorchBackend, resolve_backend
-from flashsinkhorn.backends.triton import plan, softmin, split
+from flashsinkhorn.backends.triton import configs, plan, softmin, split
 from flashsinkhorn.problem import prepare
 from flashsinkhorn.tuning import TUNING
 
@@ -86,6 +86,21 @@ def test_plan_step_matches_float64(device, monkeypatch, B, n, m, d, cost, rho):
     )
     assert none_f is None and none_g is None
     assert torch.equal(f2, out[0]) and torch.equal(g2, out[1])
+
+
+@pytest.mark.parametrize("m", [29, 128, 129])
+def test_column_biases_are_padded_with_minus_infinity(device, m):
+    """The sweep reads each column tile's biases unmasked: v's rows run to a multiple of
+    V_PAD (every column tile's width) and the padding holds -inf, so past-the-end columns
+    add exact zeros to the sums; the x side is not padded."""
+    p = _problem(2, 37, m, 3, device)
+    f, g = torch_iterate(p, 0.2)
+    sw = plan.sweep(p.X, p.Y, f, g, 0.2, "ieee", None, cols=True)
+    assert sw.v.shape[1] % plan.V_PAD == 0 and sw.v.shape[1] >= m
+    assert torch.isneginf(sw.v[:, m:]).all() and torch.isfinite(sw.v[:, :m]).all()
+    assert sw.u.shape == (2, 37)
+    for tiles in (configs.plan_config(3), configs.half_config(3), configs.plan_config(64, True)):
+        assert plan.V_PAD % tiles.block_n == 0
 
 
 @pytest.mark.parametrize("eps", [0.02, 1e-4])

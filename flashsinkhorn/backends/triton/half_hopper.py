@@ -81,7 +81,7 @@ if _IMPORTED:
     @gluon.jit(do_not_specialize=["n_x", "n_y", "cols_per_split", "s_xb", "s_yb"])
     def _half_sweep_kernel(
         X, Y, U, V, Prow, Flag,
-        n_x, n_y, cols_per_split, s_xb, s_xn, s_yb, s_yn, s_prs,
+        n_x, n_y, cols_per_split, s_xb, s_xn, s_yb, s_yn, s_prs, s_vb,
         eps, dot_scale,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
         STAGES: gl.constexpr,
@@ -149,7 +149,7 @@ if _IMPORTED:
             _load_cols(Yb, y_smem.index(nxt % STAGES), col_start + nxt * BLOCK_N + o_nl,
                        o_d, col_stop, s_yn)  # fmt: skip
             o_n = col_start + t * BLOCK_N + o_n0
-            b_vt = gl.load(V + i_b64 * n_y + o_n, mask=o_n < col_stop, other=float("-inf"))
+            b_vt = gl.load(V + i_b64 * s_vb + o_n, mask=o_n < col_stop, other=float("-inf"))
             # Tile t - 1 while tile t's product runs (the plain sweep's arithmetic).
             b_z = b_s * scale2 + b_v[None, :]
             b_sum += gl.sum(gl.exp2(b_z + b_u[:, None]), 1)
@@ -167,7 +167,7 @@ def launch_sweep(grid, xx, xy, u, v, prow, flag, n, m, cps, eps, dot_scale, cfg,
     launch(_half_sweep_kernel, grid,
         xx, xy, u, v, prow, flag,
         n, m, cps, xx.stride(0), xx.stride(1), xy.stride(0), xy.stride(1), n * grid[1],
-        float(eps), float(dot_scale),
+        v.stride(0), float(eps), float(dot_scale),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, STAGES=cfg.num_stages,
         num_warps=cfg.num_warps, **fp_fusion,
     )  # fmt: skip

@@ -72,6 +72,10 @@ _DYNAMIC = [
 _LOW = 2.0**-64
 _HIGH = 3.0e38
 
+#: V's rows (the column biases) are padded to a multiple of this, a multiple of every BLOCK_N
+#: of the sweep and of FINISH_BLOCK.
+V_PAD = 128
+
 
 @triton.jit
 def _plan_rows(
@@ -91,14 +95,22 @@ def _plan_rows(
     )  # fmt: skip
     p_c0 = batch_base(Y, i_b64, s_yb, EVEN_D)
     b_sum = tl.zeros([BLOCK_M], tl.float32)
-    # Chunks start at multiples of BLOCK_N (split.chunk); with s_vb (= n_y, V's row stride,
-    # specialised by Triton) a multiple of 16, the column-bias loads vectorise and their mask
-    # is uniform over each vector (16 scalar loads per thread and tile became 8 paired ones).
+    # Chunks start at multiples of BLOCK_N (split.chunk) and V's rows are padded with -inf to
+    # a multiple of every BLOCK_N (s_vb, V's row stride): the column-bias loads need no mask
+    # and vectorise, and one 64-bit pointer advanced per tile addresses them (the masked,
+    # per-tile addressed loads took ~40 of the ~410 instructions per thread and tile).
     col_start = tl.multiple_of(i_s * cols_per_split, 16)
     col_stop = tl.minimum(col_start + cols_per_split, n_y)
+    p_v = V + i_b64 * s_vb + col_start + tl.arange(0, BLOCK_N)
+    # At d > 64 the bias loads go before the dot, whose wait would otherwise expose their
+    # latency (H200, 50k: half-step 1.46 -> 1.32 ms at d = 128); at d <= 64 the same order
+    # made the half-step 3 % and the plan step 6 % slower, so they follow it there.
+    EARLY_V: tl.constexpr = BLOCK_D > 64
     for start_n in range(col_start, col_stop, BLOCK_N):
         o_n = start_n + tl.arange(0, BLOCK_N)
         m_n = o_n < n_y
+        if EARLY_V:
+            b_v = tl.load(p_v)
         p_c = p_c0 + o_n.to(tl.int64)[:, None] * s_yn + o_d[None, :]
         # The group's running column sums, read before the dot so that the load's latency
         # hides behind it; masked off for the group's first row block (no traffic then).
@@ -110,7 +122,9 @@ def _plan_rows(
             p_r, p_c, m_m, m_n, m_dd, b_r, b_rl, o_d, d,
             BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION,
         )  # fmt: skip
-        b_v = tl.load(V + i_b64 * s_vb + o_n, mask=o_n < s_vb, other=float("-inf"))
+        if not EARLY_V:
+            b_v = tl.load(p_v)
+        p_v += BLOCK_N
         b_csq = b_v
         if COST != SQEUCLIDEAN:
             b_csq = tl.load(Ysq + i_b64 * s_gb + o_n, mask=m_n, other=0.0)
@@ -183,7 +197,7 @@ def _plan_fwd_kernel(
 
 @triton.jit
 def _plan_finish_rows(
-    P, Sq, Bias, Pot, Out, Raw, Flag, i_b, i_m, n_rows, n_parts, s_part, s_pb, s_vb,
+    P, Sq, Bias, Pot, Out, Raw, Flag, i_b, i_m, n_rows, n_parts, s_part, s_pb, s_vb, s_bias,
     eps, alpha, beta, shift2, BLOCK: tl.constexpr, PARTS: tl.constexpr,
     WRITE_RAW: tl.constexpr, COST: tl.constexpr,
 ):  # fmt: skip
@@ -204,7 +218,7 @@ def _plan_finish_rows(
         p_k = P + (k0 + o_k).to(tl.int64)[:, None] * s_part + o_p[None, :]
         b_acc += tl.load(p_k, mask=m_k[:, None] & m_m[None, :], other=0.0)
     b_sum = tl.sum(b_acc, 0)
-    b_u = tl.load(Bias + i_b64 * n_rows + o_m, mask=m_m, other=0.0)
+    b_u = tl.load(Bias + i_b64 * s_bias + o_m, mask=m_m, other=0.0)
     b_ok = (b_sum >= 5.421010862427522e-20) & (b_sum <= 3.0e38)  # 2^-64; NaN fails both
     b_bad = tl.max((m_m & (b_ok == 0)).to(tl.int32), 0)
     # a branch, not a store masked by a scalar: Triton 3.2's interpreter stores through a
@@ -219,7 +233,7 @@ def _plan_finish_rows(
 @triton.jit(do_not_specialize=_DYNAMIC)
 def _plan_finish_kernel(
     Prow, Pcol, Xsq, Ysq, U, V, F, G, Fout, Gout, Fraw, Graw, Flag, Shift,
-    n_x, n_y, n_cb_x, n_parts_x, n_parts_y, s_fb, s_gb, s_prs, s_pcb, has_shift,
+    n_x, n_y, n_cb_x, n_parts_x, n_parts_y, s_fb, s_gb, s_prs, s_pcb, s_v, has_shift,
     eps, alpha, beta_x, beta_y,
     BLOCK: tl.constexpr, PARTS: tl.constexpr, WRITE_RAW: tl.constexpr, COST: tl.constexpr,
 ):  # fmt: skip
@@ -228,7 +242,7 @@ def _plan_finish_kernel(
     if i_m < n_cb_x:
         # f side: the row sums of the column chunks, [chunks, B, n]; u holds the shift.
         _plan_finish_rows(
-            Prow, Xsq, U, F, Fout, Fraw, Flag, i_b, i_m, n_x, n_parts_x, s_prs, n_x, s_fb,
+            Prow, Xsq, U, F, Fout, Fraw, Flag, i_b, i_m, n_x, n_parts_x, s_prs, n_x, s_fb, n_x,
             eps, alpha, beta_x, 0.0, BLOCK, PARTS, WRITE_RAW, COST,
         )  # fmt: skip
     else:
@@ -239,26 +253,28 @@ def _plan_finish_kernel(
             shift2 = tl.load(Shift + i_b) * (1.4426950408889634 / eps)
         _plan_finish_rows(
             Pcol, Ysq, V, G, Gout, Graw, Flag, i_b, i_m - n_cb_x, n_y, n_parts_y, n_y,
-            s_pcb, s_gb, eps, alpha, beta_y, shift2, BLOCK, PARTS, WRITE_RAW, COST,
+            s_pcb, s_gb, s_v, eps, alpha, beta_y, shift2, BLOCK, PARTS, WRITE_RAW, COST,
         )  # fmt: skip
 
 
 @triton.jit
-def _bias_rows(Pot, Sq, Logw, Out, i_b, i_m, n_rows, s_vb, eps, shift2, BLOCK: tl.constexpr,
-               COST: tl.constexpr):  # fmt: skip
+def _bias_rows(Pot, Sq, Logw, Out, i_b, i_m, n_rows, s_vb, s_out, eps, shift2,
+               BLOCK: tl.constexpr, COST: tl.constexpr):  # fmt: skip
+    # Rows past n_rows up to the row stride s_out get -inf (col_bias's masked value): the
+    # padding of V that the sweep reads unmasked.
     o_m = i_m * BLOCK + tl.arange(0, BLOCK)
     m_m = o_m < n_rows
     i_b64 = i_b.to(tl.int64)
     b_h, _ = col_bias(Pot, Sq, Logw, i_b64 * s_vb + o_m, m_m, 1.4426950408889634 / eps, COST)
-    tl.store(Out + i_b64 * n_rows + o_m, b_h - shift2, mask=m_m)
+    tl.store(Out + i_b64 * s_out + o_m, b_h - shift2, mask=o_m < s_out)
 
 
 @triton.jit(do_not_specialize=_DYNAMIC)
 def _plan_bias_kernel(
-    Xsq, Ysq, Xlogw, Ylogw, F, G, U, V, Shift, n_x, n_y, n_cb_x, s_fb, s_gb, has_shift, eps,
-    BLOCK: tl.constexpr, COST: tl.constexpr,
+    Xsq, Ysq, Xlogw, Ylogw, F, G, U, V, Shift, n_x, n_y, n_cb_x, s_fb, s_gb, s_v, has_shift,
+    eps, BLOCK: tl.constexpr, COST: tl.constexpr,
 ):  # fmt: skip
-    # u_i and v_j of the plan's exponent, (B, n) and (B, m): each is the column bias of the
+    # u_i and v_j of the plan's exponent, (B, n) and (B, s_v ≥ m): each is the column bias of the
     # soft-min sweep over that side (tiles.col_bias). The plan's shift sigma (one per problem)
     # goes into u only.
     i_m = tl.program_id(0)
@@ -267,9 +283,9 @@ def _plan_bias_kernel(
         shift2 = 0.0
         if has_shift != 0:
             shift2 = tl.load(Shift + i_b) * (1.4426950408889634 / eps)
-        _bias_rows(F, Xsq, Xlogw, U, i_b, i_m, n_x, s_fb, eps, shift2, BLOCK, COST)
+        _bias_rows(F, Xsq, Xlogw, U, i_b, i_m, n_x, s_fb, n_x, eps, shift2, BLOCK, COST)
     else:
-        _bias_rows(G, Ysq, Ylogw, V, i_b, i_m - n_cb_x, n_y, s_gb, eps, 0.0, BLOCK, COST)
+        _bias_rows(G, Ysq, Ylogw, V, i_b, i_m - n_cb_x, n_y, s_gb, s_v, eps, 0.0, BLOCK, COST)
 
 
 def eligible(X: Side, Y: Side) -> bool:
@@ -354,7 +370,7 @@ def _symmetric_step(X, Y, f, g, eps, alpha, beta_x, beta_y, want_raw, precision,
     launch(_plan_finish_kernel, (ncx + cdiv(m, FINISH_BLOCK), B),
         sw.prow, sw.pcol, X.sq, Y.sq, sw.u, sw.v, f, g, f_new, g_new, f_raw, g_raw, sw.flag,
         sw.shift, n, m, ncx, sw.split, sw.groups, f.stride(0), g.stride(0), f.numel(),
-        sw.groups * m, int(sw.has_shift), float(eps), float(alpha), float(beta_x), float(beta_y),
+        sw.groups * m, sw.v.stride(0), int(sw.has_shift), float(eps), float(alpha), float(beta_x), float(beta_y),
         BLOCK=FINISH_BLOCK, PARTS=FINISH_PARTS, WRITE_RAW=want_raw, COST=cost_id(X.cost),
         **FP_FUSION,
     )  # fmt: skip
@@ -371,7 +387,8 @@ class Sweep:
     Attributes:
         prow: (split, B, n) row sums of the plan over each column chunk.
         pcol: (B, groups, m) column sums over each group of row blocks (None without ``cols``).
-        u, v: (B, n), (B, m) base-2 biases of the plan's exponent (the shift is in u).
+        u, v: (B, n), (B, ≥ m) base-2 biases of the plan's exponent (the shift is in u; v's
+            rows padded with -inf to a multiple of :data:`V_PAD`).
         flag: (1,) device flag, reset by the sweep.
         shift: the (B,) shift, or ``flag`` as a placeholder when ``has_shift`` is False.
     """
@@ -400,6 +417,7 @@ def sweep(X, Y, f, g, eps, precision, shift, cols: bool) -> Sweep:
     hopper = not cols and _hopper_sweep(X, d, half, cost, xx, xy)
     if hopper:
         cfg = hopper_half_config(d)
+    assert V_PAD % cfg.block_n == 0, "the padding of v must cover every column tile"
     nbx = cdiv(n, cfg.block_m)
     if cols:
         # Row-block groups: at most GROUPS_PER_SM per SM per problem (each group owns one row
@@ -413,7 +431,8 @@ def sweep(X, Y, f, g, eps, precision, shift, cols: bool) -> Sweep:
         groups = nbx
     flag = torch.empty(1, dtype=torch.float32, device=f.device)
     u = torch.empty((B, n), dtype=torch.float32, device=f.device)
-    v = torch.empty((B, m), dtype=torch.float32, device=f.device)
+    # Padded with -inf to a multiple of V_PAD (>= every BLOCK_N): the sweep reads it unmasked.
+    v = torch.empty((B, cdiv(m, V_PAD) * V_PAD), dtype=torch.float32, device=f.device)
     kw = dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
         PRECISION=prec, COST=cost, EVEN_D=even_d(cfg, d, xx, xy),
@@ -443,9 +462,9 @@ def sweep(X, Y, f, g, eps, precision, shift, cols: bool) -> Sweep:
     ncx = cdiv(n, FINISH_BLOCK)
     has_shift = shift is not None
     shift = shift.contiguous() if has_shift else flag
-    launch(_plan_bias_kernel, (ncx + cdiv(m, FINISH_BLOCK), B),
+    launch(_plan_bias_kernel, (ncx + cdiv(v.shape[1], FINISH_BLOCK), B),
         X.sq, Y.sq, X.logw, Y.logw, f, g, u, v, shift, n, m, ncx, f.stride(0), g.stride(0),
-        int(has_shift), float(eps),
+        v.stride(0), int(has_shift), float(eps),
         BLOCK=FINISH_BLOCK, COST=cost, **FP_FUSION,
     )  # fmt: skip
     if hopper:
@@ -514,7 +533,7 @@ def _half_step(rows, cols, col_pot, eps, old, alpha, beta, want_raw, precision):
     # The row side of the finishing kernel only (its grid stops before the column blocks).
     launch(_plan_finish_kernel, (ncx, B),
         prow, prow, rows.sq, cols.sq, u, v, old, col_pot, out, out, raw, raw, flag, flag,
-        n, m, ncx, split, 1, old.stride(0), col_pot.stride(0), old.numel(), m, 0,
+        n, m, ncx, split, 1, old.stride(0), col_pot.stride(0), old.numel(), m, v.stride(0), 0,
         float(eps), float(alpha), float(beta), float(beta),
         BLOCK=FINISH_BLOCK, PARTS=FINISH_PARTS, WRITE_RAW=want_raw, COST=cost, **FP_FUSION,
     )  # fmt: skip

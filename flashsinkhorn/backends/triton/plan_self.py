@@ -54,11 +54,12 @@ def _tile_plan(
     # columns are the same cloud, so both biases come from U.
     m_n = o_n < n
     p_c = p_c0 + o_n.to(tl.int64)[:, None] * s_xn + o_d[None, :]
+    # Issued before the dot, whose wait would otherwise expose the load's latency.
+    b_v = tl.load(U + i_b64 * n + o_n, mask=m_n, other=float("-inf"))
     b_s, _ = score_tile(
         p_r, p_c, m_m, m_n, m_dd, b_r, b_rl, o_d, d,
         BLOCK_M, BLOCK_N, BLOCK_D, D_TILES, PRECISION,
     )  # fmt: skip
-    b_v = tl.load(U + i_b64 * n + o_n, mask=m_n, other=float("-inf"))
     b_csq = b_v
     if COST != SQEUCLIDEAN:
         b_csq = tl.load(Xsq + i_b64 * s_fb + o_n, mask=m_n, other=0.0)
@@ -211,7 +212,7 @@ def _plan_self_finish_kernel(
     if has_shift != 0:
         half2 = tl.load(Shift + i_b) * (0.5 * 1.4426950408889634 / eps)
     _plan_finish_rows(
-        Part, Xsq, U, F, Fout, Fraw, Flag, i_b, tl.program_id(0), n, n_parts, s_pr, n, s_fb,
+        Part, Xsq, U, F, Fout, Fraw, Flag, i_b, tl.program_id(0), n, n_parts, s_pr, n, s_fb, n,
         eps, alpha, beta, half2, BLOCK, PARTS, WRITE_RAW, COST,
     )  # fmt: skip
 
