@@ -67,6 +67,8 @@ class Tuning:
             order. False: per-chunk partial buffers and a combine launch.
         fp16_grad: at precision "tf32" the envelope gradient multiplies the probability tile
             by the column points as a float16 tensor-core dot. False: a TF32 dot.
+        pv16: at precision "tf32" P·V multiplies the probability tile (float16 times 2^15) by
+            V split into float16 hi and lo parts per column scale. False: a TF32 dot.
         global_labels: read the label cost from global memory even when it fits on chip.
         mhc_fused_dx: the mHC layer's backward fuses the residual input gradient.
         mhc_gemm_phi_t: the mHC layer's projection GEMM reads the transposed weight.
@@ -88,6 +90,7 @@ class Tuning:
     wave_split: bool = True
     inplace_merge: bool = True
     fp16_grad: bool = True
+    pv16: bool = True
     global_labels: bool = False
     mhc_fused_dx: bool = True
     mhc_gemm_phi_t: bool = True

@@ -127,7 +127,7 @@ def _apply_fwd_kernel(
     D_TILES: tl.constexpr, BLOCK_P: tl.constexpr, P_TILES: tl.constexpr,
     BLOCK_R: tl.constexpr, R_TILES: tl.constexpr,
     HAS_V: tl.constexpr, HADAMARD: tl.constexpr, GRAD: tl.constexpr, VEC: tl.constexpr,
-    P16: tl.constexpr, PRECISION: tl.constexpr, HAD_PRECISION: tl.constexpr, SCORE_PRECISION: tl.constexpr,
+    P16: tl.constexpr, V16: tl.constexpr, PRECISION: tl.constexpr, HAD_PRECISION: tl.constexpr, SCORE_PRECISION: tl.constexpr,
     COST: tl.constexpr, LABELS: tl.constexpr, MERGE: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_P: tl.constexpr,
 ):
@@ -231,7 +231,10 @@ def _apply_fwd_kernel(
                     ).to(tl.float32)
                     b_w = tl.dot(b_a, tl.trans(b_bw), b_w, input_precision=HAD_PRECISION)
                 b_e = b_e * b_w
-            if EVEN_P:
+            if EVEN_P and V16:
+                # rows of exactly 2 BLOCK_P float16 values (hi then lo)
+                p_v = p_v0 + o_n64[:, None] * (2 * BLOCK_P) + o_p[None, :]
+            elif EVEN_P:
                 # contiguous rows of exactly BLOCK_P values: compile-time offsets from one base
                 p_v = p_v0 + o_n64[:, None] * BLOCK_P + o_p[None, :]
             else:
@@ -248,6 +251,18 @@ def _apply_fwd_kernel(
                 # vscale come off after the sweep (both powers of two).
                 b_acc = b_acc * b_alpha[:, None]
                 b_acc = tl.dot((b_e * 32768.0).to(tl.float16), b_c, b_acc)
+            elif V16:
+                # P·V with P as float16 times 2^15 (the gradient's P16 scheme) and V as two
+                # float16 parts, hi and lo, of V scaled by a power of two per column (host):
+                # the probability tile feeds both dots from registers, with no layout change
+                # through shared memory, and hi + lo keep about 22 bits of V.
+                b_p16 = (b_e * 32768.0).to(tl.float16)
+                m_v = m_n[:, None] & m_pp[None, :]
+                b_vh = tl.load(p_v, mask=m_v, other=0.0)
+                b_vl = tl.load(p_v + (BLOCK_P if EVEN_P else p), mask=m_v, other=0.0)
+                b_acc = b_acc * b_alpha[:, None]
+                b_acc = tl.dot(b_p16, b_vh, b_acc)
+                b_acc = tl.dot(b_p16, b_vl, b_acc)
             elif P_TILES == 1:
                 if GRAD and D_TILES == 1 and SCORE_PRECISION != "f16x3":
                     # The values are the column points: reuse the tile already on chip (with
@@ -272,6 +287,8 @@ def _apply_fwd_kernel(
 
     if P16:
         b_acc = b_acc * (vscale * (1.0 / 32768.0))
+    elif V16:
+        b_acc = b_acc * (1.0 / 32768.0)  # the column scales come off on the host
     elif HAS_V and P_TILES == 1 and not VEC:
         if not (GRAD and D_TILES == 1 and SCORE_PRECISION != "f16x3"):
             # The values' scale (a power of two: exact) comes off after the sweep: a product
@@ -453,12 +470,17 @@ def _launch_kernels(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, pre
            and cost == kernel_costs.SQEUCLIDEAN and xc.dtype == torch.float16
            and score_prec == "tf32")  # fmt: skip
     merge = cfg.p_tiles == 1 and TUNING.inplace_merge
-    # V's rows are contiguous (V.contiguous() above): exactly p apart
+    v16 = (TUNING.pv16 and has_v and not grad and not vec and r == 0 and precision == "tf32"
+           and cfg.p_tiles == 1 and score_prec == "tf32")  # fmt: skip
+    col_scale = None
+    if v16:
+        V, col_scale = split_values(V)
+    # V's rows are contiguous (V.contiguous() above): exactly p apart (V16: 2p, unmasked)
     even_p = has_v and whole_tile(p, cfg.block_p, cfg.p_tiles, V)
     kw = dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, D_TILES=cfg.d_tiles,
         BLOCK_P=cfg.block_p, P_TILES=cfg.p_tiles, BLOCK_R=cfg.block_r, R_TILES=cfg.r_tiles,
-        HAS_V=has_v, HADAMARD=r > 0, GRAD=grad, VEC=vec, P16=p16, PRECISION=precision,
+        HAS_V=has_v, HADAMARD=r > 0, GRAD=grad, VEC=vec, P16=p16, V16=v16, PRECISION=precision,
         HAD_PRECISION=precision if cfg.block_r >= TC_MIN_RANK_BLOCK else "ieee",
         SCORE_PRECISION=score_prec, COST=cost, LABELS=labels, MERGE=merge,
         EVEN_D=even_d(cfg, d, xr, xc), EVEN_P=even_p,
@@ -514,10 +536,27 @@ def _launch_kernels(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, pre
             HAS_V=has_v, GRAD=grad, COST=cost,
             num_warps=4, **FP_FUSION,
         )
+    if col_scale is not None:
+        out = out / col_scale
     return (out if has_v else None), marg
 
 
 # fmt: on
+def split_values(V: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """V (B, m, p) float32 as float16 hi and lo parts of V·s, (B, m, 2p), and the column
+    scales s (B, 1, p): powers of two that bring each column's largest magnitude to [2^13, 2^14),
+    well inside float16's range, so that hi + lo keep about 22 bits of every entry within
+    2^-8 of its column's largest (smaller ones keep fewer, down to float16's subnormals)."""
+    amax = V.abs().amax(1, keepdim=True)
+    _, e = torch.frexp(amax)
+    e = torch.where(amax > 0, e, torch.zeros_like(e)).clamp(-100, 100)
+    s = torch.ldexp(torch.ones_like(amax), 14 - e)
+    Vs = V * s
+    hi = Vs.to(torch.float16)
+    lo = (Vs - hi.to(V.dtype)).to(torch.float16)
+    return torch.cat([hi, lo], -1).contiguous(), s
+
+
 def transport(rows, cols, row_pot, col_pot, eps, V, A, Bw, precision):
     """See :meth:`flashsinkhorn.backends.base.Backend.transport`."""
     return _launch(rows, cols, row_pot, col_pot, eps, V, A, Bw, precision, grad=False)
