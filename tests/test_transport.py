@@ -8,6 +8,7 @@ import torch
 
 import flashsinkhorn as fs
 from flashsinkhorn.backends import TorchBackend, resolve_backend
+from flashsinkhorn.backends.triton import transport as triton_transport
 from flashsinkhorn.problem import prepare
 from flashsinkhorn.tuning import TUNING
 
@@ -484,7 +485,8 @@ def test_fp16_values_dot_error_bound(device, monkeypatch, split):
     f, g = _pots(p, 4, eps)
     P = _dense_plan(p, f, g, eps)  # (B, n, m) on the grid points
     gen = torch.Generator().manual_seed(31)
-    mags = torch.tensor([1.0, 1e-30, 1e30, 0.0, 3e4, 1e-3])
+    # 16 columns: whole value tiles, the shape that takes the float16 dots
+    mags = torch.tensor([1.0, 1e-30, 1e30, 0.0, 3e4, 1e-3, 7.0, 0.5] * 2)
     V = torch.randn(B, m, mags.numel(), generator=gen) * mags
     V[:, :5, 0] *= 1e-6  # a wide range inside one column
     ref = P @ V.double()
@@ -492,12 +494,24 @@ def test_fp16_values_dot_error_bound(device, monkeypatch, split):
     bound = 2.0**-11 * (P @ V.double().abs()) + 2.0**-20 * P.sum(2, keepdim=True) * colmax
     bound = bound + 1e-6 * ref.abs().amax(1, keepdim=True)
     tri = resolve_backend("triton", p.device, torch.float32)
+    taken = []
+    real = triton_transport.split_values
+    monkeypatch.setattr(triton_transport, "split_values", lambda v: taken.append(1) or real(v))
     out, marg = tri.transport(p.X, p.Y, f, g, eps, V.to(device), None, None, "tf32")
+    assert taken  # the float16 value dots ran
     err = (out.double().cpu() - ref).abs()
     assert float((err / bound.clamp_min(1e-300)).max()) <= 1.0
     assert float(err[..., 0].max()) > 0.0  # the rounding shows
     assert torch.equal(out[..., 3], torch.zeros_like(out[..., 3]))
     assert _rel(marg, P.sum(2)) < 2e-5
+    # A part of a value tile (p = 6 < 16) keeps the float32 value dot
+    taken.clear()
+    out6, _ = tri.transport(p.X, p.Y, f, g, eps, V[..., :6].contiguous().to(device), None, None,
+                            "tf32")  # fmt: skip
+    assert not taken
+    assert torch.equal(out6[..., 3], torch.zeros_like(out6[..., 3]))
+    for k in (0, 2, 4):
+        assert _rel(out6[..., k], ref[..., k]) < 3e-3
 
 
 # ----- SinkhornResult methods -----

@@ -256,10 +256,11 @@ def _apply_fwd_kernel(
                 # float16 parts, hi and lo, of V scaled by a power of two per column (host):
                 # the probability tile feeds both dots from registers, with no layout change
                 # through shared memory, and hi + lo keep about 22 bits of V.
+                tl.static_assert(EVEN_P, "V16: whole value tiles only")
                 b_p16 = (b_e * 32768.0).to(tl.float16)
                 m_v = m_n[:, None] & m_pp[None, :]
                 b_vh = tl.load(p_v, mask=m_v, other=0.0)
-                b_vl = tl.load(p_v + (BLOCK_P if EVEN_P else p), mask=m_v, other=0.0)
+                b_vl = tl.load(p_v + BLOCK_P, mask=m_v, other=0.0)
                 b_acc = b_acc * b_alpha[:, None]
                 b_acc = tl.dot(b_p16, b_vh, b_acc)
                 b_acc = tl.dot(b_p16, b_vl, b_acc)
@@ -470,8 +471,10 @@ def _launch_kernels(rows: Side, cols: Side, row_pot, col_pot, eps, V, A, Bw, pre
            and cost == kernel_costs.SQEUCLIDEAN and xc.dtype == torch.float16
            and score_prec == "tf32")  # fmt: skip
     merge = cfg.p_tiles == 1 and TUNING.inplace_merge
+    # Whole value tiles only (p = BLOCK_P, aligned rows): on an H200 the masked tiles of
+    # p = 6 (d = 17) gave wrong sums and an illegal address, which the interpreter does not show.
     v16 = (TUNING.pv16 and has_v and not grad and not vec and r == 0 and precision == "tf32"
-           and cfg.p_tiles == 1 and score_prec == "tf32")  # fmt: skip
+           and score_prec == "tf32" and whole_tile(p, cfg.block_p, cfg.p_tiles, V))  # fmt: skip
     col_scale = None
     if v16:
         V, col_scale = split_values(V)
