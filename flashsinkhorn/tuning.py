@@ -68,7 +68,8 @@ class Tuning:
         fp16_grad: at precision "tf32" the envelope gradient multiplies the probability tile
             by the column points as a float16 tensor-core dot. False: a TF32 dot.
         pv16: at precision "tf32" P·V multiplies the probability tile (float16 times 2^15) by
-            V split into float16 hi and lo parts per column scale. False: a TF32 dot.
+            V split into float16 hi and lo parts per column scale, for whole value tiles (p a
+            power of two from 16). False: a TF32 dot.
         global_labels: read the label cost from global memory even when it fits on chip.
         mhc_fused_dx: the mHC layer's backward fuses the residual input gradient.
         mhc_gemm_phi_t: the mHC layer's projection GEMM reads the transposed weight.
