@@ -444,6 +444,17 @@ def test_triton_whole_tiles_match_torch(device, monkeypatch, precision, split, d
         assert flags[-1] == (True, True)
 
 
+def _fp16_bound_case(device, monkeypatch, split, flag):
+    """The problem of the float16 error-bound tests: ``TUNING.<flag>`` on, the transport
+    split set to ``split``; returns (problem, f, g, eps, dense float64 plan (B, n, m))."""
+    monkeypatch.setattr(TUNING, "transport_split", split)
+    monkeypatch.setattr(TUNING, flag, True)
+    eps = 0.5
+    p = _problem(2, 45, 77, 17, device, precision="tf32", spread=3.0)
+    f, g = _pots(p, 4, eps)
+    return p, f, g, eps, _dense_plan(p, f, g, eps)  # the plan on the grid points
+
+
 @pytest.mark.parametrize("split", [None, 2])
 def test_fp16_gradient_dot_error_bound(device, monkeypatch, split):
     # The envelope gradient at "tf32" forms P y as a float16 dot: each P_ij is rounded to 10
@@ -451,12 +462,7 @@ def test_fp16_gradient_dot_error_bound(device, monkeypatch, split):
     # |y_jk| up to the fp32 sums. Against float64 that bound must hold element by element,
     # and a wrong scale (2^15 left in, kscale forgotten) breaks it by orders of magnitude. The
     # row marginal is the fp32 sum, untouched by the rounding.
-    monkeypatch.setattr(TUNING, "transport_split", split)
-    monkeypatch.setattr(TUNING, "fp16_grad", True)
-    B, n, m, d, eps = 2, 45, 77, 17, 0.5
-    p = _problem(B, n, m, d, device, precision="tf32", spread=3.0)
-    f, g = _pots(p, 4, eps)
-    P = _dense_plan(p, f, g, eps)  # (B, n, m) on the grid points
+    p, f, g, eps, P = _fp16_bound_case(device, monkeypatch, split, "fp16_grad")
     x, y = p.X.x.double().cpu(), p.Y.x.double().cpu()
     marg = P.sum(2)
     ref = 2.0 * (marg[..., None] * x - P @ y)
@@ -478,12 +484,8 @@ def test_fp16_values_dot_error_bound(device, monkeypatch, split):
     # float16's normal range). So |Δ(P V)_ik| <= 2^-11 Σ_j P_ij |V_jk| + 2^-20 max_j |V_jk|
     # Σ_j P_ij, up to the fp32 sums. Columns of very different magnitudes (1e-30 to 1e30) and
     # one all zero check the scales; a wrong one breaks the bound by orders of magnitude.
-    monkeypatch.setattr(TUNING, "transport_split", split)
-    monkeypatch.setattr(TUNING, "pv16", True)
-    B, n, m, d, eps = 2, 45, 77, 17, 0.5
-    p = _problem(B, n, m, d, device, precision="tf32", spread=3.0)
-    f, g = _pots(p, 4, eps)
-    P = _dense_plan(p, f, g, eps)  # (B, n, m) on the grid points
+    p, f, g, eps, P = _fp16_bound_case(device, monkeypatch, split, "pv16")
+    B, m = P.shape[0], P.shape[2]
     gen = torch.Generator().manual_seed(31)
     # 16 columns: whole value tiles, the shape that takes the float16 dots
     mags = torch.tensor([1.0, 1e-30, 1e30, 0.0, 3e4, 1e-3, 7.0, 0.5] * 2)
